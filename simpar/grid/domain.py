@@ -1,0 +1,91 @@
+"""The simulated box of a grid run: cells, lengths, dtype, coordinates, boundary conditions.
+
+Reads the ``[grid]`` and ``[boundary]`` tables shared by every grid model::
+
+    [grid]
+    shape = [256, 256]        # cells along x, y[, z]   (changing this recompiles)
+    length = [1.0, 1.0]       # box size along x, y[, z] (length units)
+    dtype = "float32"         # or "float64"
+
+    [boundary]                # per axis: "periodic", "neumann", "dirichlet" or
+    x = "periodic"            # {kind = "dirichlet", value = 1.0}; a table
+    y = {lower = "dirichlet", upper = {kind = "dirichlet", value = 1.0}}  # per side
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simpar.config import Section
+from simpar.errors import ConfigError
+from simpar.grid import boundary
+from simpar.parallel.topology import AXIS_NAMES
+
+DTYPES = ("float32", "float64")
+
+
+@dataclass(frozen=True)
+class Domain:
+    """A cell-centred box.
+
+    Attributes:
+      shape: cells per axis (x, y[, z]).
+      length: box size per axis (length units).
+      dtype: ``"float32"`` or ``"float64"``.
+    """
+
+    shape: tuple[int, ...]
+    length: tuple[float, ...]
+    dtype: str = "float32"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dx(self) -> tuple[float, ...]:
+        return tuple(L / n for L, n in zip(self.length, self.shape, strict=True))
+
+    def coords(self) -> list[np.ndarray]:
+        """Cell-centre coordinates per axis, float64, ``(n_i,)`` each."""
+        return [(np.arange(n) + 0.5) * h for n, h in zip(self.shape, self.dx, strict=True)]
+
+    def mesh(self) -> list[np.ndarray]:
+        """``np.meshgrid(..., indexing="ij")`` of the cell centres."""
+        return np.meshgrid(*self.coords(), indexing="ij")
+
+
+def domain_from_config(cfg: Section, ndims=(2, 3)) -> Domain:
+    g = cfg.section("grid", required=True)
+    shape = g.get("shape", kind=int, length=ndims, min=1)
+    length = g.get("length", [1.0] * len(shape), kind=float, length=len(shape), min=0.0, exclusive_min=True)
+    dtype = g.get("dtype", "float32", kind=str, choices=DTYPES)
+    return Domain(tuple(shape), tuple(length), dtype)
+
+
+def boundaries_from_config(cfg: Section, ndim: int, default="periodic") -> tuple:
+    """Per axis ``(lower, upper)`` boundary conditions from ``[boundary]``."""
+    b = cfg.section("boundary")
+    out = []
+    for a in range(ndim):
+        name = AXIS_NAMES[a]
+        spec = b.get(name, default, kind=object)
+        key = b.key(name)
+        if isinstance(spec, dict) and ("lower" in spec or "upper" in spec):
+            extra = set(spec) - {"lower", "upper"}
+            if extra:
+                raise ConfigError(key, f"unknown entries {sorted(extra)}; allowed: lower, upper")
+            lo = boundary.from_config(spec.get("lower", default), key + ".lower")
+            hi = boundary.from_config(spec.get("upper", default), key + ".upper")
+            if lo.periodic != hi.periodic:
+                raise ConfigError(key, "periodic must be set on both sides (lower and upper) or neither")
+        else:
+            lo = hi = boundary.from_config(spec, key)
+        out.append((lo, hi))
+    for extra in b.data:
+        if extra not in AXIS_NAMES[:ndim]:
+            b.get(extra, kind=object)  # mark as read, then report clearly
+            raise ConfigError(b.key(extra), f"unknown axis; a {ndim}-D grid has axes {', '.join(AXIS_NAMES[:ndim])}")
+    return tuple(out)

@@ -1,0 +1,92 @@
+"""What a grid model is: a per-block update plus what the engines need to run it.
+
+A model never sees devices. It gives:
+
+- ``update(state, params) -> state``: ``state`` maps field names to blocks padded by ``k``
+  halo cells (``k >= radius``) on the trailing ``ndim`` spatial axes; it returns the blocks
+  padded by ``k - radius``. Engines fill the halo (boundary condition or neighbour exchange)
+  and call ``update`` ``w // radius`` times per exchange of width ``w``.
+- ``bcs``: per field, per spatial axis, the ``(lower, upper)`` boundary conditions
+  (``simpar.grid.boundary``).
+- ``local_sums(state, params) -> {name: scalar}`` (optional): block contributions to global
+  diagnostics that the engine sums over devices; ``state`` is padded by ``radius``.
+
+Fields are arrays ``(*lead, n_0, ..., n_{d-1})``; spatial axes last, in (x, y[, z]) order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import jax
+
+State = dict[str, jax.Array]
+Params = dict[str, jax.Array]
+
+
+@dataclass(frozen=True, eq=False)
+class GridModel:
+    """A grid model, as the engines see it.
+
+    Attributes:
+      name: model name (``heat``, ...), stored in outputs.
+      ndim: number of spatial axes (2 or 3).
+      radius: halo cells one ``update`` consumes per side.
+      bcs: field name -> tuple over spatial axes of ``(lower, upper)`` boundary conditions.
+      update: the per-block step (see module docstring).
+      local_sums: optional per-block contributions to global diagnostics.
+      units: field name -> units string for outputs.
+      long_names: field name -> description for outputs.
+    """
+
+    name: str
+    ndim: int
+    radius: int
+    bcs: Mapping[str, tuple]
+    update: Callable[[State, Params], State]
+    local_sums: Callable[[State, Params], dict[str, jax.Array]] | None = None
+    units: Mapping[str, str] = field(default_factory=dict)
+    long_names: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(self.bcs)
+
+    @property
+    def periodic(self) -> tuple[bool, ...]:
+        """Per spatial axis; every field must agree (it fixes the device topology)."""
+        per = None
+        for name, axes in self.bcs.items():
+            p = tuple(lo.periodic for lo, _ in axes)
+            for a, (lo, hi) in enumerate(axes):
+                if lo.periodic != hi.periodic:
+                    raise ValueError(f"field {name}: axis {a} is periodic on one side only")
+            if per is not None and p != per:
+                raise ValueError("all fields must share the periodicity of each axis")
+            per = p
+        return per
+
+
+@dataclass(eq=False)
+class GridSetup:
+    """Everything a grid run needs, as read from a config.
+
+    Attributes:
+      model: the grid model.
+      domain: the box (``simpar.grid.domain.Domain``).
+      params: array leaves, in the state dtype (differentiable, sweepable).
+      state: initial fields, host arrays ``(*lead, n_0, ..., n_{d-1})``.
+      dt: time step (time units).
+      seed: random seed of the initial condition (None when none is used).
+      output: field name -> function of the host state giving the array written to the file
+        (default: the field itself); lets a model write derived fields (velocity, density).
+    """
+
+    model: GridModel
+    domain: object
+    params: Params
+    state: dict
+    dt: float
+    seed: int | None = None
+    output: dict | None = None

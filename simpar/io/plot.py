@@ -1,0 +1,343 @@
+"""Quick-look PNGs of an output file: ``simpar plot OUT.h5`` (DESIGN.md, command line).
+
+Grid files (written by :class:`simpar.io.netcdf.GridWriter`; recognised by a ``time``
+dimension scale and variables whose first dim is ``time``) give, next to the file:
+
+- ``<stem>_<field>.png`` per 2-D field: the last complete frame (imshow with a
+  colorbar, axes extents from the cell-centre coordinates, title with field, time and
+  step); for a 3-D field the middle slice along the slowest axis (z);
+- ``<stem>_<profile>.png`` per profile ``(time, y)``: the last profile;
+- ``<stem>_timeseries.png``: every scalar series ``(time,)`` in one figure.
+
+H5MD particle files (a ``/h5md`` or ``/particles`` group) give
+``<stem>_observables.png`` (every ``/observables/*/value`` against time) and
+``<stem>_positions.png`` (x-y scatter of the last ``position`` frame).
+
+Models can add their own figures (e.g. lid-driven cavity against reference points):
+register a function in :data:`PLOTTERS` under the model name that the file carries in
+its ``model`` attribute; it runs in addition to the generic plots.
+
+Figures are drawn with matplotlib's Agg canvas directly (no pyplot), so plotting never
+changes the backend or global state of the caller's session.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from simpar.errors import ConfigError
+from simpar.io.netcdf import variable_dims
+
+__all__ = ["PLOTTERS", "plot_file", "register_plotter"]
+
+Plotter = Callable[[h5py.File, Path], list[Path]]
+
+#: Extra plots per model: ``PLOTTERS[model](file, path) -> written PNG paths``. The
+#: function gets the open (read-only) h5py file and the data file's path, and writes
+#: its PNGs next to that path (``path.with_name(f"{path.stem}_<what>.png")``).
+PLOTTERS: dict[str, Plotter] = {}
+
+
+def register_plotter(model: str) -> Callable[[Plotter], Plotter]:
+    """Decorator adding a function to :data:`PLOTTERS` under ``model``."""
+
+    def deco(fn: Plotter) -> Plotter:
+        PLOTTERS[model] = fn
+        return fn
+
+    return deco
+
+
+def plot_file(path: str | os.PathLike) -> list[Path]:
+    """Write quick-look PNGs of a simpar output file next to it.
+
+    Args:
+      path: a grid file (netCDF4-style HDF5) or an H5MD particle file.
+
+    Returns:
+      The PNG files written, in the order they were written.
+
+    Raises:
+      ConfigError: the file does not exist, cannot be opened (e.g. a running
+        simulation still holds it), is neither a grid nor an H5MD file, or holds no
+        complete frame yet.
+    """
+    path = Path(path)
+    key = str(path)
+    if not path.is_file():
+        raise ConfigError(key, "file does not exist")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ConfigError(
+            key,
+            f"cannot open as HDF5 ({e}); if a run is still writing it, wait for the "
+            "run to finish (HDF5 locks files that are open for writing)",
+        ) from e
+    with f:
+        if _is_grid(f):
+            written = _plot_grid(f, path)
+        elif "h5md" in f or "particles" in f:
+            written = _plot_h5md(f, path)
+        else:
+            raise ConfigError(
+                key,
+                "neither a simpar grid file (a 'time' dimension with fields) nor an "
+                "H5MD particle file (an '/h5md' or '/particles' group)",
+            )
+        model = _model_name(f)
+        if model in PLOTTERS:
+            written += list(PLOTTERS[model](f, path))
+    return written
+
+
+# --------------------------------------------------------------------------- helpers
+def _text(value) -> str:
+    if isinstance(value, bytes | np.bytes_):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return _text(value[()])
+    return str(value)
+
+
+def _model_name(f: h5py.File) -> str:
+    for obj in (f, f.get("parameters")):
+        if obj is not None and "model" in obj.attrs:
+            return _text(obj.attrs["model"])
+    return ""
+
+
+def _save(fig: Figure, out: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def _units(ds: h5py.Dataset) -> str:
+    u = _text(ds.attrs["units"]) if "units" in ds.attrs else ""
+    return "" if u in ("", "1") else f" [{u}]"
+
+
+def _is_grid(f: h5py.File) -> bool:
+    t = f.get("time")
+    if not isinstance(t, h5py.Dataset) or t.ndim != 1 or not t.is_scale:
+        return False
+    return any(_time_vars(f))
+
+
+def _time_vars(f: h5py.File) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for name, ds in f.items():
+        if name in ("time", "step") or not isinstance(ds, h5py.Dataset):
+            continue
+        dims = variable_dims(ds)
+        if dims[:1] == ("time",):
+            out[name] = dims
+    return out
+
+
+def _edges(c: np.ndarray) -> tuple[float, float]:
+    """Outer cell edges of cell-centre coordinates."""
+    d = float(c[1] - c[0]) if c.size > 1 else 1.0
+    return float(c[0]) - d / 2, float(c[-1]) + d / 2
+
+
+# --------------------------------------------------------------------------- grid
+def _plot_grid(f: h5py.File, path: Path) -> list[Path]:
+    t = f["time"][...]
+    bad = np.flatnonzero(~np.isfinite(t))
+    n = int(bad[0]) if bad.size else t.size
+    if "step" in f:
+        n = min(n, f["step"].shape[0])
+    if n == 0:
+        raise ConfigError(str(path), "the grid file holds no complete frame yet")
+    k = n - 1
+    time = float(t[k])
+    step = int(f["step"][k]) if "step" in f else k
+    tunits = _units(f["time"])
+    stamp = f"t = {time:.6g}{tunits}, step {step}"
+
+    written: list[Path] = []
+    series: list[str] = []
+    for name, dims in _time_vars(f).items():
+        ds = f[name]
+        spatial = dims[1:]
+        label = name + _units(ds)
+        if not spatial:
+            series.append(name)
+            continue
+        out = path.with_name(f"{path.stem}_{name}.png")
+        if len(spatial) == 1:
+            (ax_name,) = spatial
+            c = f[ax_name][...]
+            fig = Figure(figsize=(6, 4), layout="constrained")
+            ax = fig.add_subplot()
+            ax.plot(c, ds[k], marker=".")
+            ax.set_xlabel(ax_name + _units(f[ax_name]))
+            ax.set_ylabel(label)
+            ax.set_title(f"{name}, {stamp}")
+            ax.grid(True, alpha=0.3)
+            written.append(_save(fig, out))
+            continue
+        if len(spatial) == 2:
+            img = ds[k]
+            title = f"{name}, {stamp}"
+        else:  # 3-D: middle slice along the slowest axis
+            mid = ds.shape[1] // 2
+            img = ds[k, mid]
+            zc = f[spatial[0]][mid]
+            title = f"{name} at {spatial[0]} = {zc:.4g}, {stamp}"
+        yname, xname = spatial[-2], spatial[-1]
+        x0, x1 = _edges(f[xname][...])
+        y0, y1 = _edges(f[yname][...])
+        ny, nx = img.shape
+        aspect = (y1 - y0) / max(x1 - x0, 1e-300)
+        width = 6.5
+        height = float(np.clip(width * aspect * 0.85, 2.5, 9.0)) + 0.6
+        fig = Figure(figsize=(width, height), layout="constrained")
+        ax = fig.add_subplot()
+        im = ax.imshow(
+            np.asarray(img, dtype=np.float64),
+            origin="lower",
+            extent=(x0, x1, y0, y1),
+            interpolation="nearest",
+            aspect="equal",
+        )
+        fig.colorbar(im, ax=ax, label=label)
+        ax.set_xlabel(xname + _units(f[xname]))
+        ax.set_ylabel(yname + _units(f[yname]))
+        ax.set_title(title, fontsize=10)
+        written.append(_save(fig, out))
+
+    if series:
+        written.append(
+            _plot_series(
+                {name: (t[:n], f[name][:n]) for name in series},
+                {name: _units(f[name]) for name in series},
+                "time" + tunits,
+                path.with_name(f"{path.stem}_timeseries.png"),
+                f"{path.name}: {n} frames, last {stamp}",
+            )
+        )
+    return written
+
+
+def _plot_series(
+    data: dict[str, tuple[np.ndarray, np.ndarray]],
+    units: dict[str, str],
+    xlabel: str,
+    out: Path,
+    title: str,
+) -> Path:
+    """One subplot per series, shared x axis; a ``[T, k]`` value gives k lines."""
+    m = len(data)
+    fig = Figure(figsize=(7, 1.0 + 2.0 * m), layout="constrained")
+    axes = fig.subplots(m, 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (name, (x, y)) in zip(axes, data.items(), strict=True):
+        y = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+        for j in range(y.shape[1]):
+            lbl = f"{name}[{j}]" if y.shape[1] > 1 else None
+            ax.plot(x, y[:, j], marker="." if len(x) < 50 else None, label=lbl)
+        if y.shape[1] > 1:
+            ax.legend(fontsize=8)
+        ax.set_ylabel(name + units.get(name, ""))
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel(xlabel)
+    axes[0].set_title(title, fontsize=10)
+    return _save(fig, out)
+
+
+# --------------------------------------------------------------------------- H5MD
+def _h5md_unit(ds: h5py.Dataset) -> str:
+    u = _text(ds.attrs["unit"]) if "unit" in ds.attrs else ""
+    return f" [{u}]" if u else ""
+
+
+def _plot_h5md(f: h5py.File, path: Path) -> list[Path]:
+    written: list[Path] = []
+    obs = f.get("observables")
+    data, units = {}, {}
+    xlabel = "time"
+    if isinstance(obs, h5py.Group):
+        for name, g in obs.items():
+            if not isinstance(g, h5py.Group) or "value" not in g:
+                continue
+            v = g["value"]
+            if v.ndim == 0:
+                continue  # time-independent
+            if "time" in g and g["time"].ndim == 1:
+                x = g["time"][...]
+                xlabel = "time" + _h5md_unit(g["time"])
+            elif "step" in g and g["step"].ndim == 1:
+                x = g["step"][...]
+                xlabel = "step"
+            else:
+                x = np.arange(v.shape[0])
+                xlabel = "frame"
+            n = min(len(x), v.shape[0])
+            if n == 0:
+                continue
+            data[name] = (x[:n], v[:n])
+            units[name] = _h5md_unit(v)
+    if data:
+        written.append(
+            _plot_series(
+                data,
+                units,
+                xlabel,
+                path.with_name(f"{path.stem}_observables.png"),
+                f"{path.name}: observables",
+            )
+        )
+
+    parts = f.get("particles")
+    if isinstance(parts, h5py.Group):
+        for gname, g in parts.items():
+            pos = g.get("position") if isinstance(g, h5py.Group) else None
+            if not isinstance(pos, h5py.Group) or "value" not in pos:
+                continue
+            v = pos["value"]
+            n = v.shape[0]
+            if "step" in pos and pos["step"].ndim == 1:
+                n = min(n, pos["step"].shape[0])
+            if "time" in pos and pos["time"].ndim == 1:
+                n = min(n, pos["time"].shape[0])
+            if n == 0 or v.ndim != 3 or v.shape[2] < 2:
+                continue
+            xy = np.asarray(v[n - 1, :, :2], dtype=np.float64)
+            stamp = f"frame {n - 1}"
+            if "time" in pos and pos["time"].ndim == 1:
+                stamp = f"t = {float(pos['time'][n - 1]):.6g}" + _h5md_unit(pos["time"])
+            if "step" in pos and pos["step"].ndim == 1:
+                stamp += f", step {int(pos['step'][n - 1])}"
+            colour = None
+            species = g.get("species")
+            if isinstance(species, h5py.Dataset) and species.shape == (xy.shape[0],):
+                colour = species[...]
+            fig = Figure(figsize=(6, 6), layout="constrained")
+            ax = fig.add_subplot()
+            ax.scatter(
+                xy[:, 0], xy[:, 1], s=4, c=colour, cmap="tab10" if colour is not None else None
+            )
+            edges = g.get("box/edges/value")
+            if isinstance(edges, h5py.Dataset) and edges.shape[0] >= n and edges.ndim == 2:
+                # simpar boxes span [0, L); the outline shows it, limits stay auto.
+                lx, ly = (float(e) for e in edges[n - 1, :2])
+                ax.plot([0, lx, lx, 0, 0], [0, 0, ly, ly, 0], "k-", lw=0.8)
+            ax.set_aspect("equal")
+            unit = _h5md_unit(v)
+            ax.set_xlabel("x" + unit)
+            ax.set_ylabel("y" + unit)
+            ax.set_title(f"{gname}: {xy.shape[0]} particles, {stamp}", fontsize=10)
+            written.append(_save(fig, path.with_name(f"{path.stem}_positions.png")))
+            break  # one particle group (simpar writes "trajectory")
+    if not written:
+        raise ConfigError(str(path), "the H5MD file holds no observables and no position frame yet")
+    return written

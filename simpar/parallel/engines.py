@@ -1,0 +1,370 @@
+"""Engines: where each block of a grid model lives and how its halo arrives.
+
+The same per-block step (``advance_block``) runs under four engines:
+
+=========== ================================================================================
+``single``   one device; the block is the whole domain, boundary conditions fill the halo.
+``pmap``     ``jax.pmap`` over one flat axis of the ``DeviceGrid`` (nested pmap is broken in
+             current JAX); halos by ``lax.ppermute``; row profiles by ``axis_index_groups``.
+``shard_map`` ``jax.shard_map`` on a named mesh ``("x", "y"[, "z"])``; ``ppermute`` along one
+             mesh axis; row profiles by ``psum`` over a sub-set of the mesh axes.
+``sharded``  the state is a global ``jax.Array`` with ``NamedSharding`` on an ``Auto`` mesh;
+             the unchanged global-view step is jit-compiled and XLA inserts the
+             communication (collective-permutes for the halo).
+=========== ================================================================================
+
+Each engine jit-compiles a chunk of ``n`` steps (``lax.fori_loop`` over exchanges), keeps the
+state on its devices between chunks, and is asked for diagnostics only between chunks.
+A halo of width ``w`` lets the per-block engines take ``w // radius`` steps per exchange.
+Changing the engine, the mesh, the halo width, the grid shape or ``n`` recompiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from simpar.errors import ConfigError
+from simpar.grid.model import GridModel, Params, State
+from simpar.parallel.halo import (
+    LocalComm,
+    PmapComm,
+    ShardMapComm,
+    crop,
+    fill_edges,
+    pad,
+)
+from simpar.parallel.topology import DeviceGrid, make_device_grid
+
+ENGINES = ("single", "pmap", "shard_map", "sharded")
+
+
+# --------------------------------------------------------------------------------------------
+# Per-block programs (the same for every engine; only ``comm`` differs)
+# --------------------------------------------------------------------------------------------
+def _exchange_and_steps(state: State, params: Params, model: GridModel, comm, w: int, nsub: int):
+    """Fill a halo of width ``w`` once, then take ``nsub`` steps on the shrinking halo."""
+    padded = {f: pad(u, w, model.bcs[f], comm) for f, u in state.items()}
+    k = w
+    for _ in range(nsub):
+        padded = model.update(padded, params)
+        k -= model.radius
+        padded = {f: fill_edges(u, k, model.bcs[f], comm) for f, u in padded.items()}
+    return {f: crop(u, k, model.ndim) for f, u in padded.items()}
+
+
+def advance_block(state: State, params: Params, n: int, *, model: GridModel, comm, w: int) -> State:
+    """Advance one block by ``n`` steps, exchanging a halo of width ``w`` every ``w // r`` steps.
+
+    Args:
+      state: field name -> block ``(*lead, n_0, ..., n_{d-1})`` (no halo).
+      params: model parameters (array leaves, replicated).
+      n: number of steps (static).
+      model: the grid model.
+      comm: ``LocalComm`` / ``PmapComm`` / ``ShardMapComm``.
+      w: halo width (a multiple of ``model.radius`` is most efficient).
+    """
+    per = max(w // model.radius, 1)
+    n_full, rem = divmod(int(n), per)
+    body = functools.partial(_exchange_and_steps, params=params, model=model, comm=comm, w=w)
+    if n_full:
+        state = lax.fori_loop(0, n_full, lambda i, s: body(s, nsub=per), state)
+    if rem:
+        state = body(state, nsub=rem)
+    return state
+
+
+def observe_block(state: State, params: Params, *, model: GridModel, comm, global_shape) -> dict:
+    """Global diagnostics from one block: per field sum/min/max, a profile, model sums.
+
+    The profile ``<field>_profile`` is the mean over every spatial axis but the last (for 2-D
+    fields: the x-average as a function of y). Per-block engines reduce it over the devices of
+    one grid column only (``axis_index_groups`` under pmap, a mesh sub-axis under shard_map).
+    """
+    d = model.ndim
+    out = {}
+    bad = jnp.zeros((), jnp.int32)
+    for f, u in state.items():
+        out[f"{f}_sum"] = comm.psum(jnp.sum(u))
+        out[f"{f}_min"] = comm.pmin(jnp.min(u))
+        out[f"{f}_max"] = comm.pmax(jnp.max(u))
+        bad = bad + jnp.sum(~jnp.isfinite(u)).astype(jnp.int32)
+        if u.ndim == d:
+            lead_axes = tuple(range(d - 1))
+            prof = comm.psum_over(jnp.sum(u, axis=lead_axes), lead_axes)
+            out[f"{f}_profile"] = prof / math.prod(global_shape[:-1])
+    out["nonfinite"] = comm.psum(bad)
+    if model.local_sums is not None:
+        padded = {f: pad(u, model.radius, model.bcs[f], comm) for f, u in state.items()}
+        for key, value in model.local_sums(padded, params).items():
+            out[key] = comm.psum(value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Engines
+# --------------------------------------------------------------------------------------------
+class Engine:
+    """Runs a grid model on a set of devices.
+
+    Args:
+      model: the grid model.
+      domain_shape: global cells per spatial axis, e.g. ``(256, 256)``.
+      grid: the device grid (``(1,)*d`` for ``single``).
+      halo: halo width ``w >= model.radius``.
+      devices: the devices to use (``grid.size`` of them).
+    """
+
+    name = "base"
+
+    def __init__(self, model: GridModel, domain_shape, grid: DeviceGrid, halo: int, devices):
+        self.model = model
+        self.domain_shape = tuple(int(n) for n in domain_shape)
+        self.grid = grid
+        self.halo = int(halo)
+        self.devices = list(devices)
+        self._advance = {}
+        self._observe = None
+
+    # State placement -------------------------------------------------------------------------
+    def place(self, state: dict[str, np.ndarray]):
+        raise NotImplementedError
+
+    def gather(self, state) -> dict[str, np.ndarray]:
+        return {f: np.asarray(u) for f, u in state.items()}
+
+    # Running ---------------------------------------------------------------------------------
+    def advance(self, state, params: Params, n: int):
+        """Advance ``n`` steps on the devices (compiled once per distinct ``n``)."""
+        if n not in self._advance:
+            self._advance[n] = self._compile_advance(n)
+        return self._advance[n](state, params)
+
+    def observe(self, state, params: Params) -> dict[str, np.ndarray]:
+        """Diagnostics as host NumPy values (scalars and 1-D profiles)."""
+        if self._observe is None:
+            self._observe = self._compile_observe()
+        return {k: np.asarray(v) for k, v in self._observe(state, params).items()}
+
+    def _compile_advance(self, n: int):
+        raise NotImplementedError
+
+    def _compile_observe(self):
+        raise NotImplementedError
+
+    def lowered_advance(self, state, params, n: int):
+        """The lowered chunk program (tests read its compiled HLO)."""
+        return self._compile_advance(n).lower(state, params)
+
+
+class SingleEngine(Engine):
+    """One device; boundary conditions fill the halo."""
+
+    name = "single"
+
+    def place(self, state):
+        return {f: jax.device_put(np.asarray(u), self.devices[0]) for f, u in state.items()}
+
+    def _compile_advance(self, n):
+        comm = LocalComm(self.model.ndim)
+        f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
+        return jax.jit(f, donate_argnums=0)
+
+    def _compile_observe(self):
+        comm = LocalComm(self.model.ndim)
+        return jax.jit(
+            functools.partial(observe_block, model=self.model, comm=comm, global_shape=self.domain_shape)
+        )
+
+
+def _mesh(grid: DeviceGrid, devices) -> Mesh:
+    return Mesh(
+        np.asarray(devices, dtype=object).reshape(grid.shape),
+        grid.axis_names,
+        axis_types=(AxisType.Auto,) * grid.ndim,
+    )
+
+
+class ShardedEngine(Engine):
+    """Global ``jax.Array`` with ``NamedSharding``; XLA partitions the unchanged global step."""
+
+    name = "sharded"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.mesh = _mesh(self.grid, self.devices)
+
+    def sharding(self, ndim: int) -> NamedSharding:
+        lead = (None,) * (ndim - self.model.ndim)
+        return NamedSharding(self.mesh, P(*lead, *self.grid.axis_names))
+
+    def place(self, state):
+        return {f: jax.device_put(np.asarray(u), self.sharding(np.ndim(u))) for f, u in state.items()}
+
+    def _compile_advance(self, n):
+        comm = LocalComm(self.model.ndim)
+        f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
+
+        def step(state, params):
+            out = f(state, params)
+            # keep the result laid out like the input (no silent resharding between chunks)
+            return {k: lax.with_sharding_constraint(v, self.sharding(v.ndim)) for k, v in out.items()}
+
+        return jax.jit(step, donate_argnums=0)
+
+    def _compile_observe(self):
+        comm = LocalComm(self.model.ndim)
+        return jax.jit(
+            functools.partial(observe_block, model=self.model, comm=comm, global_shape=self.domain_shape)
+        )
+
+
+class ShardMapEngine(ShardedEngine):
+    """The per-block step under ``jax.shard_map`` with ``ppermute`` along mesh axes."""
+
+    name = "shard_map"
+
+    def _specs(self, state_like):
+        return {f: self.sharding(np.ndim(u)).spec for f, u in state_like.items()}
+
+    def _compile_advance(self, n):
+        comm = ShardMapComm(self.grid)
+        f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
+
+        def step(state, params):
+            specs = self._specs(state)
+            return jax.shard_map(f, mesh=self.mesh, in_specs=(specs, P()), out_specs=specs)(state, params)
+
+        return jax.jit(step, donate_argnums=0)
+
+    def _compile_observe(self):
+        comm = ShardMapComm(self.grid)
+        obs = functools.partial(observe_block, model=self.model, comm=comm, global_shape=self.domain_shape)
+        last = self.grid.axis_names[-1]
+
+        def run(state, params):
+            shapes = jax.eval_shape(
+                functools.partial(observe_block, model=self.model, comm=LocalComm(self.model.ndim),
+                                  global_shape=self.domain_shape),
+                state, params,
+            )
+            out_specs = {k: (P(last) if v.ndim == 1 else P()) for k, v in shapes.items()}
+            return jax.shard_map(obs, mesh=self.mesh, in_specs=(self._specs(state), P()),
+                                 out_specs=out_specs)(state, params)
+
+        return jax.jit(run)
+
+
+class PmapEngine(Engine):
+    """One flat ``pmap`` axis over the device grid; blocks stacked on a leading device axis."""
+
+    name = "pmap"
+
+    def _blocks(self, u: np.ndarray) -> np.ndarray:
+        """Global ``(*lead, N_0, ..., N_{d-1})`` -> ``(n_dev, *lead, n_0, ..., n_{d-1})``."""
+        d, g = self.model.ndim, self.grid.shape
+        lead = u.shape[: u.ndim - d]
+        split = []
+        for N, m in zip(u.shape[u.ndim - d :], g, strict=True):
+            split += [m, N // m]
+        v = u.reshape(*lead, *split)
+        nl = len(lead)
+        order = [nl + 2 * a for a in range(d)] + list(range(nl)) + [nl + 2 * a + 1 for a in range(d)]
+        return v.transpose(order).reshape(self.grid.size, *lead, *(N // m for N, m in zip(u.shape[nl:], g, strict=True)))
+
+    def _unblocks(self, b: np.ndarray) -> np.ndarray:
+        d, g = self.model.ndim, self.grid.shape
+        lead = b.shape[1 : b.ndim - d]
+        nl = len(lead)
+        blk = b.shape[b.ndim - d :]
+        v = b.reshape(*g, *lead, *blk)
+        order = list(range(d, d + nl))
+        for a in range(d):
+            order += [a, d + nl + a]
+        return v.transpose(order).reshape(*lead, *(n * m for n, m in zip(blk, g, strict=True)))
+
+    def place(self, state):
+        return {f: self._put(self._blocks(np.asarray(u))) for f, u in state.items()}
+
+    def _put(self, blocks: np.ndarray):
+        # an identity pmap places block i on device i (device_put_sharded is deprecated)
+        return jax.pmap(lambda x: x, devices=self.devices)(blocks)
+
+    def gather(self, state):
+        return {f: self._unblocks(np.asarray(u)) for f, u in state.items()}
+
+    def _compile_advance(self, n):
+        comm = PmapComm(self.grid, "dev")
+        f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
+        return jax.pmap(f, axis_name="dev", in_axes=(0, None), devices=self.devices, donate_argnums=0)
+
+    def _compile_observe(self):
+        comm = PmapComm(self.grid, "dev")
+        obs = jax.pmap(
+            functools.partial(observe_block, model=self.model, comm=comm, global_shape=self.domain_shape),
+            axis_name="dev", in_axes=(0, None), devices=self.devices,
+        )
+        # the devices at coordinate 0 of every axis but the last hold one profile segment each
+        column = [self.grid.index((0,) * (self.grid.ndim - 1) + (j,)) for j in range(self.grid.shape[-1])]
+
+        def run(state, params):
+            out = obs(state, params)
+            return {
+                k: (jnp.concatenate([v[i] for i in column]) if v.ndim == 2 else v[0]) for k, v in out.items()
+            }
+
+        return run
+
+
+_ENGINE_CLASSES = {c.name: c for c in (SingleEngine, PmapEngine, ShardMapEngine, ShardedEngine)}
+
+
+def make_engine(
+    name: str,
+    model: GridModel,
+    domain_shape: Sequence[int],
+    mesh: Sequence[int] | None = None,
+    halo: int | None = None,
+    devices=None,
+) -> Engine:
+    """Build an engine for ``model`` on a ``domain_shape`` grid.
+
+    Args:
+      name: one of ``ENGINES``.
+      model: the grid model.
+      domain_shape: global cells per spatial axis.
+      mesh: device-grid shape (default: all given devices along x); ``single`` needs 1 device.
+      halo: halo width (default ``model.radius``).
+      devices: devices to use (default ``jax.devices()``, the first ``prod(mesh)``).
+
+    Raises:
+      ConfigError: unknown engine, too few devices, or a mesh that does not tile the domain.
+    """
+    if name not in _ENGINE_CLASSES:
+        raise ConfigError("--engine", f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+    halo = model.radius if halo is None else int(halo)
+    if halo < model.radius:
+        raise ConfigError(
+            "parallel.halo", f"halo width {halo} is below the stencil radius {model.radius} of model {model.name}"
+        )
+    available = list(devices) if devices is not None else jax.devices()
+    if mesh is None:
+        mesh = (1,) if name == "single" else (len(available),)
+    if name == "single" and math.prod(mesh) != 1:
+        raise ConfigError("--mesh", f"engine 'single' runs on one device; got mesh {'x'.join(map(str, mesh))}")
+    grid = make_device_grid(mesh, domain_shape, model.periodic, halo)
+    if grid.size > len(available):
+        raise ConfigError(
+            "--mesh",
+            f"mesh {'x'.join(map(str, grid.shape))} needs {grid.size} devices but only {len(available)} "
+            f"are available (on CPU, pass --devices {grid.size})",
+        )
+    return _ENGINE_CLASSES[name](model, domain_shape, grid, halo, available[: grid.size])

@@ -1,0 +1,207 @@
+"""Halo fill: one call answered by a local wrap, a boundary condition, or a neighbour's data.
+
+A block of a field has shape ``(*lead, n_0, ..., n_{d-1})``: leading component axes (e.g. the 9
+populations of D2Q9) are never split; the trailing ``d`` spatial axes are. ``pad(x, w, ...)``
+returns the block with ``w`` halo cells on each side of every spatial axis, including edges and
+corners: axes are padded one after the other, so the slabs exchanged along axis 1 already carry
+axis 0's halo (the standard two-pass corner trick).
+
+Where the halo comes from is the ``Comm``'s business:
+
+- ``LocalComm``: the block is the whole domain (``single``, and ``sharded``, where XLA partitions
+  the global-view code). Periodic axes wrap locally.
+- ``PmapComm``: one flat ``pmap`` axis over a ``DeviceGrid``; neighbours by ``lax.ppermute`` with
+  pairs computed from the grid shape; row/column reductions with ``axis_index_groups``.
+- ``ShardMapComm``: named mesh axes under ``jax.shard_map``; ``ppermute`` along one mesh axis.
+
+At non-periodic outer edges ``ppermute`` delivers zeros; ``fill_edges`` then overwrites the halo
+with the physical boundary condition (selected with ``jnp.where`` on the device's coordinate,
+so every device runs the same program).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from simpar.parallel.topology import DeviceGrid
+
+
+class LocalComm:
+    """The block is the whole domain on every axis."""
+
+    def __init__(self, ndim: int):
+        self.ndim = ndim
+
+    def extent(self, axis: int) -> int:
+        return 1
+
+    def shift(self, x, axis: int, direction: int):  # pragma: no cover - never called
+        raise RuntimeError("LocalComm has no neighbours")
+
+    def coord(self, axis: int):
+        return 0
+
+    def psum(self, x):
+        return x
+
+    def pmax(self, x):
+        return x
+
+    def pmin(self, x):
+        return x
+
+    def psum_over(self, x, axes: Sequence[int]):
+        return x
+
+
+class PmapComm:
+    """Neighbours and reductions under ``jax.pmap`` over one flat axis.
+
+    Args:
+      grid: the device grid; flat pmap index ``i`` sits at ``grid.coords(i)``.
+      axis_name: the pmap axis name.
+    """
+
+    def __init__(self, grid: DeviceGrid, axis_name: str = "dev"):
+        self.grid = grid
+        self.axis_name = axis_name
+        self.ndim = grid.ndim
+
+    def extent(self, axis: int) -> int:
+        return self.grid.shape[axis]
+
+    def shift(self, x, axis: int, direction: int):
+        return lax.ppermute(x, self.axis_name, self.grid.shift_pairs(axis, direction))
+
+    def coord(self, axis: int):
+        stride = 1
+        for n in self.grid.shape[axis + 1 :]:
+            stride *= n
+        return (lax.axis_index(self.axis_name) // stride) % self.grid.shape[axis]
+
+    def psum(self, x):
+        return lax.psum(x, self.axis_name)
+
+    def pmax(self, x):
+        return lax.pmax(x, self.axis_name)
+
+    def pmin(self, x):
+        return lax.pmin(x, self.axis_name)
+
+    def psum_over(self, x, axes: Sequence[int]):
+        """Sum over the devices that differ only along grid ``axes`` (rows/columns)."""
+        axes = [a for a in axes if self.grid.shape[a] > 1]
+        if not axes:
+            return x
+        if len(axes) == self.ndim:
+            return self.psum(x)
+        return lax.psum(x, self.axis_name, axis_index_groups=self.grid.groups(axes))
+
+
+class ShardMapComm:
+    """Neighbours and reductions under ``jax.shard_map`` on a mesh named ``grid.axis_names``."""
+
+    def __init__(self, grid: DeviceGrid):
+        self.grid = grid
+        self.ndim = grid.ndim
+        self.names = grid.axis_names
+
+    def extent(self, axis: int) -> int:
+        return self.grid.shape[axis]
+
+    def shift(self, x, axis: int, direction: int):
+        return lax.ppermute(x, self.names[axis], self.grid.axis_pairs(axis, direction))
+
+    def coord(self, axis: int):
+        return lax.axis_index(self.names[axis])
+
+    def psum(self, x):
+        return lax.psum(x, self.names)
+
+    def pmax(self, x):
+        return lax.pmax(x, self.names)
+
+    def pmin(self, x):
+        return lax.pmin(x, self.names)
+
+    def psum_over(self, x, axes: Sequence[int]):
+        names = tuple(self.names[a] for a in axes)
+        return lax.psum(x, names) if names else x
+
+
+def _slice(x, axis: int, start: int, stop: int):
+    return lax.slice_in_dim(x, start, stop, axis=axis)
+
+
+def pad(x: jax.Array, w: int, bcs, comm) -> jax.Array:
+    """Add a halo of width ``w`` on every spatial axis of one block, corners included.
+
+    Args:
+      x: block, shape ``(*lead, n_0, ..., n_{d-1})``, any dtype.
+      w: halo width in cells (>= 0; every split axis needs ``n_i >= w``).
+      bcs: per spatial axis a ``(lower, upper)`` pair of boundary conditions
+        (``simpar.grid.boundary``).
+      comm: ``LocalComm``, ``PmapComm`` or ``ShardMapComm``.
+
+    Returns:
+      Shape ``(*lead, n_0 + 2w, ..., n_{d-1} + 2w)``, halo filled everywhere.
+    """
+    if w == 0:
+        return x
+    d = len(bcs)
+    for a in range(d):
+        ax = x.ndim - d + a
+        n = x.shape[ax]
+        periodic = bcs[a][0].periodic
+        if comm.extent(a) == 1:
+            if periodic:
+                lo, hi = _slice(x, ax, n - w, n), _slice(x, ax, 0, w)
+            else:  # placeholders, overwritten by fill_edges below
+                lo, hi = _slice(x, ax, 0, w), _slice(x, ax, n - w, n)
+        else:
+            lo = comm.shift(_slice(x, ax, n - w, n), a, +1)
+            hi = comm.shift(_slice(x, ax, 0, w), a, -1)
+        x = lax.concatenate([lo, x, hi], ax)
+    return fill_edges(x, w, bcs, comm)
+
+
+def fill_edges(x: jax.Array, k: int, bcs, comm) -> jax.Array:
+    """Overwrite the ``k``-wide halo at physical (non-periodic) edges with the boundary condition.
+
+    Called after ``pad`` and after every sub-step of a multi-step exchange, when the stencil has
+    consumed part of the halo: values computed in the halo at a physical edge are meaningless and
+    are refilled from the cells just inside.
+
+    Args:
+      x: padded block, shape ``(*lead, n_0 + 2k, ...)``.
+      k: current halo width.
+    """
+    if k == 0:
+        return x
+    d = len(bcs)
+    for a in range(d):
+        lo_bc, hi_bc = bcs[a]
+        if lo_bc.periodic:
+            continue
+        ax = x.ndim - d + a
+        n = x.shape[ax]
+        lo = lo_bc.fill(_slice(x, ax, k, 2 * k), ax, -1)
+        hi = hi_bc.fill(_slice(x, ax, n - 2 * k, n - k), ax, +1)
+        if comm.extent(a) > 1:
+            c = comm.coord(a)
+            lo = jnp.where(c == 0, lo, _slice(x, ax, 0, k))
+            hi = jnp.where(c == comm.extent(a) - 1, hi, _slice(x, ax, n - k, n))
+        x = lax.concatenate([lo, _slice(x, ax, k, n - k), hi], ax)
+    return x
+
+
+def crop(x: jax.Array, k: int, d: int) -> jax.Array:
+    """Remove a halo of width ``k`` from the trailing ``d`` axes."""
+    if k == 0:
+        return x
+    idx = (Ellipsis,) + (slice(k, -k),) * d
+    return x[idx]

@@ -1,0 +1,313 @@
+"""Gravitational N-body physics: softened all-pairs gravity, leapfrog, Plummer sphere.
+
+Contract: every function here is pure and knows nothing about devices. The force kernel
+works on one *block* of targets against one block of sources, so the same kernel serves
+the single-device all-pairs sum (targets = sources = everything), the ring algorithm of
+``simpar.parallel.ring`` (targets = the local block, sources = the block that is passing
+by) and the ``sharded`` engine (global arrays, partitioned by XLA).
+
+Units: N-body (Henon) units are the convention for the Plummer sphere (G = M = 1,
+total energy E = -1/4, virial radius 1); the kernels accept any consistent units through
+``G``. Softening is Plummer softening: the pair potential is
+``-G m_i m_j / sqrt(r^2 + eps^2)``.
+
+Shapes: ``N`` particles in 3-D; positions and velocities ``(N, 3)``, masses ``(N,)``, all
+of one floating dtype (pass it explicitly; float64 needs ``jax_enable_x64``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+class NBodyState(NamedTuple):
+    """State of an N-body system (one block of it under the parallel engines).
+
+    Attributes:
+      pos: (N, 3) float, positions [length].
+      vel: (N, 3) float, velocities [length / time].
+      acc: (N, 3) float, accelerations at ``pos`` [length / time^2]; carried so that a
+        kick-drift-kick step costs one force evaluation.
+      mass: (N,) float, masses [mass]; zero-mass particles feel forces but exert none.
+    """
+
+    pos: Array
+    vel: Array
+    acc: Array
+    mass: Array
+
+
+class NBodyParams(NamedTuple):
+    """Numbers a user may sweep or differentiate (array leaves; changing them never
+    recompiles).
+
+    Attributes:
+      dt: () float, time step [time].
+      G: () float, gravitational constant [length^3 / (mass time^2)].
+      eps: () float, Plummer softening length [length]; 0 means no softening.
+    """
+
+    dt: Array
+    G: Array
+    eps: Array
+
+
+def make_params(dt: float, G: float = 1.0, eps: float = 0.0, dtype=jnp.float64) -> NBodyParams:
+    """``NBodyParams`` with scalar leaves of ``dtype``."""
+    return NBodyParams(
+        dt=jnp.asarray(dt, dtype), G=jnp.asarray(G, dtype), eps=jnp.asarray(eps, dtype)
+    )
+
+
+def _pair_terms(targets_pos: Array, sources_pos: Array, eps: Array):
+    """Separation vectors and softened inverse distances for all target/source pairs.
+
+    Returns:
+      d: (n_t, n_s, 3) ``sources - targets``.
+      inv_r: (n_t, n_s) ``1 / sqrt(|d|^2 + eps^2)``, set to 0 where ``|d| = 0`` (a
+        particle with itself, or two particles at exactly the same place).
+    """
+    d = sources_pos[None, :, :] - targets_pos[:, None, :]
+    r2_raw = jnp.sum(d * d, axis=-1)
+    r2 = r2_raw + eps * eps
+    self_pair = r2_raw == 0
+    # Double-where keeps gradients finite through the excluded pairs.
+    safe = jnp.where(self_pair, jnp.ones_like(r2), r2)
+    inv_r = jnp.where(self_pair, jnp.zeros_like(r2), jax.lax.rsqrt(safe))
+    return d, inv_r
+
+
+def accelerations(
+    targets_pos: Array, sources_pos: Array, sources_mass: Array, G: Array, eps: Array
+) -> Array:
+    """Softened gravitational acceleration of targets due to sources.
+
+    ``a_i = G sum_j m_j (x_j - x_i) / (|x_j - x_i|^2 + eps^2)^(3/2)``. Pairs at zero
+    separation (a particle with itself) contribute nothing, so the targets may be among
+    the sources.
+
+    Args:
+      targets_pos: (n_t, 3) float, target positions [length].
+      sources_pos: (n_s, 3) float, source positions [length].
+      sources_mass: (n_s,) float, source masses [mass].
+      G: () float, gravitational constant.
+      eps: () float, softening length [length].
+
+    Returns:
+      (n_t, 3) float, accelerations [length / time^2], dtype of ``targets_pos``.
+    """
+    d, inv_r = _pair_terms(targets_pos, sources_pos, eps)
+    w = sources_mass[None, :] * inv_r * inv_r * inv_r
+    return G * jnp.sum(d * w[:, :, None], axis=1)
+
+
+def potentials(
+    targets_pos: Array, sources_pos: Array, sources_mass: Array, G: Array, eps: Array
+) -> Array:
+    """Softened gravitational potential at the targets due to the sources.
+
+    ``phi_i = -G sum_{j, x_j != x_i} m_j / sqrt(|x_j - x_i|^2 + eps^2)``. Pairs at zero
+    separation are excluded (this is how the self term is left out; two distinct
+    particles at exactly the same position would also be left out).
+
+    Args:
+      targets_pos: (n_t, 3) float [length].
+      sources_pos: (n_s, 3) float [length].
+      sources_mass: (n_s,) float [mass].
+      G: () float.
+      eps: () float [length].
+
+    Returns:
+      (n_t,) float, potentials [length^2 / time^2].
+    """
+    _, inv_r = _pair_terms(targets_pos, sources_pos, eps)
+    return -G * jnp.sum(sources_mass[None, :] * inv_r, axis=1)
+
+
+def potential_energy(pos: Array, mass: Array, G: Array, eps: Array) -> Array:
+    """Total potential energy ``W = 1/2 sum_i m_i phi_i`` of a whole system.
+
+    Args:
+      pos: (N, 3) float [length].
+      mass: (N,) float [mass].
+      G, eps: () float.
+
+    Returns:
+      () float [energy].
+    """
+    return 0.5 * jnp.sum(mass * potentials(pos, pos, mass, G, eps))
+
+
+def leapfrog_step(
+    state: NBodyState, dt: Array, accel_fn: Callable[[Array, Array], Array]
+) -> NBodyState:
+    """One kick-drift-kick (velocity Verlet) step; one call of ``accel_fn``.
+
+    Symplectic and time-reversible: the energy error stays bounded (no drift) and the
+    total momentum is conserved to round-off when ``accel_fn`` is antisymmetric pairwise.
+
+    Args:
+      state: the current state; ``state.acc`` must be ``accel_fn(state.pos, state.mass)``.
+      dt: () float, time step.
+      accel_fn: ``(pos (n, 3), mass (n,)) -> acc (n, 3)``; for a block under a parallel
+        engine it performs the ring exchange itself.
+
+    Returns:
+      The state one step later.
+    """
+    vel_half = state.vel + 0.5 * dt * state.acc
+    pos = state.pos + dt * vel_half
+    acc = accel_fn(pos, state.mass)
+    vel = vel_half + 0.5 * dt * acc
+    return NBodyState(pos=pos, vel=vel, acc=acc, mass=state.mass)
+
+
+class Observables(NamedTuple):
+    """Conserved quantities and diagnostics of a whole system (or, before a ``psum``,
+    the additive contributions of one block).
+
+    Attributes:
+      kinetic: () float, ``1/2 sum m v^2`` [energy].
+      potential: () float, ``1/2 sum m phi`` [energy].
+      momentum: (3,) float, ``sum m v``.
+      angular_momentum: (3,) float, ``sum m x cross v``.
+    """
+
+    kinetic: Array
+    potential: Array
+    momentum: Array
+    angular_momentum: Array
+
+    @property
+    def total(self) -> Array:
+        """Total energy ``kinetic + potential``."""
+        return self.kinetic + self.potential
+
+    @property
+    def virial_ratio(self) -> Array:
+        """``kinetic / |potential|``; 0.5 in virial equilibrium."""
+        return self.kinetic / jnp.abs(self.potential)
+
+
+def block_observables(pos: Array, vel: Array, mass: Array, phi: Array) -> Observables:
+    """Additive observables of a block given the potential ``phi`` at its particles.
+
+    Summing the results of all blocks (``psum``) gives the whole system's values.
+
+    Args:
+      pos, vel: (n, 3) float.
+      mass: (n,) float.
+      phi: (n,) float, potential at each particle due to *all* particles.
+
+    Returns:
+      ``Observables`` of the block.
+    """
+    return Observables(
+        kinetic=0.5 * jnp.sum(mass * jnp.sum(vel * vel, axis=-1)),
+        potential=0.5 * jnp.sum(mass * phi),
+        momentum=jnp.sum(mass[:, None] * vel, axis=0),
+        angular_momentum=jnp.sum(mass[:, None] * jnp.cross(pos, vel), axis=0),
+    )
+
+
+def observables(state: NBodyState, G: Array, eps: Array) -> Observables:
+    """Observables of a whole system on one device (all-pairs potential).
+
+    Args:
+      state: whole-system state.
+      G, eps: () float.
+
+    Returns:
+      ``Observables``.
+    """
+    phi = potentials(state.pos, state.pos, state.mass, G, eps)
+    return block_observables(state.pos, state.vel, state.mass, phi)
+
+
+def init_state(
+    pos: Array, vel: Array, mass: Array, G: Array, eps: Array, dtype=None
+) -> NBodyState:
+    """Whole-system state with the initial accelerations computed (single device).
+
+    Args:
+      pos, vel: (N, 3) positions and velocities.
+      mass: (N,) masses.
+      G, eps: () gravitational constant and softening.
+      dtype: floating dtype of the state (default: that of ``pos``).
+    """
+    dtype = dtype or jnp.asarray(pos).dtype
+    pos, vel, mass = (jnp.asarray(a, dtype) for a in (pos, vel, mass))
+    acc = accelerations(pos, pos, mass, jnp.asarray(G, dtype), jnp.asarray(eps, dtype))
+    return NBodyState(pos=pos, vel=vel, acc=acc, mass=mass)
+
+
+def plummer_sphere(
+    n: int, seed: int, dtype=np.float64, r_max: float = 10.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Equal-mass Plummer sphere (Aarseth, Henon & Wielen 1974) in N-body units.
+
+    Radii from the inverted cumulative mass ``r = (X^(-2/3) - 1)^(-1/2)`` (scale length 1,
+    redrawn beyond ``r_max`` scale lengths); isotropic directions; speeds ``v = q v_esc``
+    with ``q`` drawn by von Neumann rejection from ``g(q) = q^2 (1 - q^2)^(7/2)``
+    (``max g < 0.1``). Then scaled to N-body units (G = M = 1, E = -1/4: lengths by
+    ``3 pi / 16``, velocities by ``sqrt(16 / (3 pi))``), and the centre of mass is put at
+    rest at the origin. The virial ratio ``T / |W|`` is 0.5 up to sampling noise
+    (no rescaling is applied).
+
+    Args:
+      n: number of particles (>= 2).
+      seed: seed of ``numpy.random.default_rng``; the same seed gives the same sphere.
+      dtype: NumPy floating dtype of the returned arrays.
+      r_max: truncation radius in Plummer scale lengths.
+
+    Returns:
+      pos (n, 3), vel (n, 3), mass (n,) with ``mass = 1 / n``.
+    """
+    if n < 2:
+        raise ValueError(f"a Plummer sphere needs n >= 2 particles, got {n}")
+    rng = np.random.default_rng(seed)
+    # Radii, with redraws beyond r_max (vectorised, deterministic for a seed).
+    r = np.empty(n)
+    filled = 0
+    while filled < n:
+        x = rng.uniform(0.0, 1.0, n - filled)
+        with np.errstate(divide="ignore"):
+            cand = 1.0 / np.sqrt(x ** (-2.0 / 3.0) - 1.0)
+        cand = cand[np.isfinite(cand) & (cand <= r_max)]
+        r[filled : filled + cand.size] = cand
+        filled += cand.size
+
+    def isotropic(radius: np.ndarray) -> np.ndarray:
+        cos_t = rng.uniform(-1.0, 1.0, radius.size)
+        phi = rng.uniform(0.0, 2.0 * np.pi, radius.size)
+        sin_t = np.sqrt(1.0 - cos_t**2)
+        return radius[:, None] * np.stack(
+            [sin_t * np.cos(phi), sin_t * np.sin(phi), cos_t], axis=1
+        )
+
+    pos = isotropic(r)
+    # Speeds: q from g(q) = q^2 (1 - q^2)^3.5 by rejection.
+    q = np.empty(n)
+    filled = 0
+    while filled < n:
+        m = 2 * (n - filled) + 16
+        x4 = rng.uniform(0.0, 1.0, m)
+        x5 = rng.uniform(0.0, 1.0, m)
+        acc = x4[0.1 * x5 < x4**2 * (1.0 - x4**2) ** 3.5][: n - filled]
+        q[filled : filled + acc.size] = acc
+        filled += acc.size
+    v_esc = np.sqrt(2.0) * (1.0 + r**2) ** -0.25
+    vel = isotropic(q * v_esc)
+    pos *= 3.0 * np.pi / 16.0
+    vel *= np.sqrt(16.0 / (3.0 * np.pi))
+    mass = np.full(n, 1.0 / n)
+    pos -= np.average(pos, axis=0, weights=mass)
+    vel -= np.average(vel, axis=0, weights=mass)
+    return pos.astype(dtype), vel.astype(dtype), mass.astype(dtype)
