@@ -209,7 +209,7 @@ class GridWriter:
         are reserved.
       attrs: run metadata (e.g. from :func:`simpar.io.meta.run_metadata`) stored as
         global attributes: strings, numbers, bools (as int8) and 1-D numeric arrays;
-        ``None`` values are skipped.
+        lists of strings are joined with ", "; ``None`` values are skipped.
       time_units: units of ``time``; must not contain " since " (xarray would decode
         the times as dates).
       length_units: units of the coordinates.
@@ -246,9 +246,9 @@ class GridWriter:
         if self.path.exists() and not overwrite:
             raise ConfigError(
                 "--out",
-                f"output file {str(self.path)!r} already exists; choose another --out "
-                "path, delete the file, pass --resume to continue that run, or "
-                "overwrite it (GridWriter(..., overwrite=True))",
+                f"output file {str(self.path)!r} already exists; pass --overwrite "
+                "(GridWriter(..., overwrite=True)) to replace it, or choose another "
+                "--out path",
             )
         if " since " in time_units:
             raise ValueError(
@@ -257,9 +257,7 @@ class GridWriter:
             )
         coords = {str(k): np.asarray(v, dtype=np.float64) for k, v in coords.items()}
         if not 1 <= len(coords) <= 3:
-            raise ValueError(
-                f"coords must have 1 to 3 spatial axes, got {list(coords)}"
-            )
+            raise ValueError(f"coords must have 1 to 3 spatial axes, got {list(coords)}")
         for name, c in coords.items():
             if c.ndim != 1 or c.size < 1:
                 raise ValueError(f"coordinate {name!r} must be a non-empty 1-D array")
@@ -271,12 +269,13 @@ class GridWriter:
         if overwrite:
             xdmf_path.unlink(missing_ok=True)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = h5py.File(self.path, "w", track_order=True)  # default libver, on purpose
+        try:
+            f = h5py.File(self.path, "w", track_order=True)  # default libver, on purpose
+        except OSError as e:  # e.g. another process holds the file open (HDF5 lock)
+            raise ConfigError("--out", f"cannot create output file {str(self.path)!r}: {e}") from e
         try:
             f.attrs["Conventions"] = _text_attr("CF-1.8")
-            f.attrs["title"] = _text_attr(
-                title if title is not None else self.path.name
-            )
+            f.attrs["title"] = _text_attr(title if title is not None else self.path.name)
             f.attrs["run_status"] = _text_attr("running")
             _set_attrs(f, dict(attrs or {}))
 
@@ -302,9 +301,7 @@ class GridWriter:
                 d.make_scale(name)
                 scales[name] = d
 
-            s = f.create_dataset(
-                _STEP, (0,), maxshape=(None,), chunks=(1024,), dtype="i8"
-            )
+            s = f.create_dataset(_STEP, (0,), maxshape=(None,), chunks=(1024,), dtype="i8")
             s.attrs["long_name"] = _text_attr("time-step index")
             s.attrs["units"] = _text_attr("1")
             s.dims[0].attach_scale(t)
@@ -413,9 +410,7 @@ class GridWriter:
         try:
             f = h5py.File(path, "a")
         except OSError as e:
-            raise ConfigError(
-                "--resume", f"cannot open {str(path)!r} for appending: {e}"
-            ) from e
+            raise ConfigError("--resume", f"cannot open {str(path)!r} for appending: {e}") from e
         try:
             if _TIME not in f or _STEP not in f:
                 raise ConfigError(
@@ -428,9 +423,7 @@ class GridWriter:
                 steps = f[_STEP][:n]
                 n = int(np.count_nonzero(steps <= step))
                 if n and np.any(steps[:n] > step):
-                    raise ConfigError(
-                        "--resume", f"steps in {str(path)!r} are not increasing"
-                    )
+                    raise ConfigError("--resume", f"steps in {str(path)!r} are not increasing")
             for ds in f.values():
                 if isinstance(ds, h5py.Dataset) and variable_dims(ds)[:1] == (_TIME,):
                     if ds.shape[0] > n:
@@ -589,16 +582,12 @@ class GridWriter:
         for a in names:
             c = self.coords[a]
             d = float(c[1] - c[0]) if c.size > 1 else 1.0
-            if c.size > 2 and not np.allclose(
-                np.diff(c), d, rtol=1e-6, atol=1e-12 * abs(d)
-            ):
+            if c.size > 2 and not np.allclose(np.diff(c), d, rtol=1e-6, atol=1e-12 * abs(d)):
                 uniform = False
             origin.append(float(c[0]))
             spacing.append(d)
         if uniform:
-            ET.SubElement(
-                g, "Topology", TopologyType="3DCoRectMesh", Dimensions=dims_txt
-            )
+            ET.SubElement(g, "Topology", TopologyType="3DCoRectMesh", Dimensions=dims_txt)
             geo = ET.SubElement(g, "Geometry", GeometryType="ORIGIN_DXDYDZ")
             for vals in (origin, spacing):  # z y x order, like Dimensions
                 item = ET.SubElement(
@@ -642,9 +631,7 @@ class GridWriter:
                 continue  # profiles and time series have no place on the mesh
             ds = self._f[name]
             kind, prec = _number_type(ds.dtype)
-            att = ET.SubElement(
-                g, "Attribute", Name=name, AttributeType="Scalar", Center="Node"
-            )
+            att = ET.SubElement(g, "Attribute", Name=name, AttributeType="Scalar", Center="Node")
             slab = ET.SubElement(
                 att,
                 "DataItem",

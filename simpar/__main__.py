@@ -1,0 +1,5 @@
+import sys
+
+from simpar.cli import main
+
+sys.exit(main())

@@ -1,0 +1,145 @@
+"""The ``simpar`` command line (DESIGN.md, CONTRACT: command line).
+
+    simpar run CONFIG.toml [--engine E] [--devices N] [--mesh AxB[xC]] [--steps N]
+                           [--out PATH] [--set key.sub=value ...] [--overwrite] [--quiet]
+    simpar info [--devices N]
+    simpar plot OUT.h5
+
+Exit codes: 0 success; 2 invalid input (message names the key and what is allowed, no
+traceback, no output left behind); 1 failed run (step, reason, last good output).
+JAX is configured (number of CPU devices) before it starts, so ``--devices`` works on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # exit code 2 with a one-line message, as for config errors
+        self.print_usage(sys.stderr)
+        print(f"simpar: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="simpar", description="Particle and grid simulations on JAX, across devices.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    r = sub.add_parser("run", help="run an experiment from a TOML config")
+    r.add_argument("config", help="experiment TOML file, e.g. experiments/heat2d.toml")
+    r.add_argument("--engine", help="single, pmap, shard_map or sharded (default: parallel.engine)")
+    r.add_argument("--devices", type=int, help="number of devices; on CPU creates N virtual devices")
+    r.add_argument("--mesh", help="device grid, e.g. 8, 2x4, 2x2x2 (default: all devices along x)")
+    r.add_argument("--steps", type=int, help="number of time steps (default: time.steps)")
+    r.add_argument("--out", help="output path (default: output.path)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set physics.diffusivity=0.5 (repeatable)")
+    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    r.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    r.add_argument("--quiet", action="store_true", help="no progress output")
+    i = sub.add_parser("info", help="JAX version, backend, devices, processes")
+    i.add_argument("--devices", type=int, help="number of virtual CPU devices")
+    pl = sub.add_parser("plot", help="PNGs of the last frame / time series next to the file")
+    pl.add_argument("path", help="an output file of simpar run")
+    return p
+
+
+def _configure_jax(devices: int | None) -> None:
+    """Must run before JAX initialises its backends."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    import jax
+
+    if devices is not None:
+        jax.config.update("jax_num_cpu_devices", int(devices))
+
+
+def _cmd_info(args) -> int:
+    _configure_jax(args.devices)
+    import jax
+
+    import simpar
+
+    info = {
+        "simpar": simpar.__version__,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "device_count": jax.device_count(),
+        "local_device_count": jax.local_device_count(),
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "x64": bool(jax.config.jax_enable_x64),
+    }
+    print(json.dumps(info, indent=2))
+    return EXIT_OK
+
+
+def _cmd_run(args) -> int:
+    from simpar import config as cfgmod
+    from simpar.errors import ConfigError
+    from simpar.parallel.topology import parse_mesh
+
+    if args.devices is not None and args.devices < 1:
+        raise ConfigError("--devices", f"must be >= 1, got {args.devices}")
+    if args.steps is not None and args.steps < 0:
+        raise ConfigError("--steps", f"must be >= 0, got {args.steps}")
+    mesh = parse_mesh(args.mesh) if args.mesh else None
+    devices = args.devices
+    if devices is None and mesh is not None:
+        devices = math.prod(mesh)
+    if mesh is not None and devices is not None and math.prod(mesh) > devices:
+        raise ConfigError("--mesh", f"mesh {args.mesh} needs {math.prod(mesh)} devices but --devices is {devices}")
+    data, text = cfgmod.load(args.config, args.set)
+    if args.resume:
+        raise ConfigError("--resume", "restart from checkpoints is not available yet in this version")
+    _configure_jax(devices)
+    import jax
+
+    # float64 configs need x64; float32 runs stay float32 (every array has an explicit dtype)
+    jax.config.update("jax_enable_x64", True)
+    if devices is not None and devices > len(jax.devices()):
+        raise ConfigError("--devices", f"{devices} devices requested but only {len(jax.devices())} "
+                          f"{jax.default_backend()} devices exist")
+    if devices is not None and mesh is None and args.engine not in (None, "single"):
+        mesh = (devices,)
+    from simpar.run import run_config
+
+    summary = run_config(data, text, engine=args.engine, mesh=mesh, steps=args.steps, out=args.out,
+                         overwrite=args.overwrite, progress=not args.quiet)
+    print(json.dumps(summary, default=str))
+    return EXIT_OK
+
+
+def _cmd_plot(args) -> int:
+    from simpar.io.plot import plot_file
+
+    for path in plot_file(args.path):
+        print(path)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from simpar.errors import ConfigError, SimulationError
+
+    try:
+        return {"run": _cmd_run, "info": _cmd_info, "plot": _cmd_plot}[args.command](args)
+    except ConfigError as err:
+        print(f"simpar: invalid input: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    except SimulationError as err:
+        print(f"simpar: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("simpar: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

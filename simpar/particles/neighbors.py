@@ -1,0 +1,388 @@
+"""Cell lists and Verlet neighbour lists with a skin, at fixed capacity.
+
+Contract (JAX-MD style): ``allocate`` runs on the host, measures how many neighbours and
+cell-column entries the configuration needs and returns a static ``NeighborSpec`` (hashable;
+changing it recompiles) with some head-room, plus a built ``NeighborList``. ``build`` and
+``update`` are jittable and never change shapes. When a capacity is too small the list sets
+``did_overflow`` (sticky) and records in ``needed`` what it would have needed; entries are
+then missing, so the caller must regrow (``regrow``) and redo the work. Nothing is dropped
+silently.
+
+The list is a *full* list: row i holds every j != i with ``|r_i - r_j| < cutoff + skin``
+(in any order, padded with the sentinel ``capacity``). Forces are gathered per row, so no
+scatter is needed. ``needs_rebuild`` implements the exact policy: rebuild as soon as any
+particle moved more than ``skin / 2`` since the last build, which guarantees that no pair
+within the cutoff is missing.
+
+Cell list: particles are sorted by cell (cell width >= radius / reach), so each column of
+``2 * reach + 1`` cells along z is a contiguous range of the sorted order; the candidates
+of a particle are ``(2 * reach + 1)**2`` such ranges of at most ``column_capacity``
+entries each. Particles with ``valid == False`` (empty slots of a fixed-capacity buffer)
+take part in nothing. Small systems use all pairs as candidates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simpar.particles.space import Space, displacement
+
+
+@dataclasses.dataclass(frozen=True)
+class NeighborSpec:
+    """Static layout of a neighbour list (hashable; changing any field recompiles).
+
+    Attributes:
+      capacity: number of particle slots N.
+      max_neighbors: row length M of the list.
+      radius: list radius ``cutoff + skin`` (sigma).
+      skin: skin (sigma).
+      periodic: whether the space is periodic.
+      cells: cells per axis, or None for all-pairs candidates.
+      reach: cells searched on each side (1 or 2).
+      column_capacity: most sorted entries read per column of cells.
+      origin: free space only, lower corner of the cell grid (sigma).
+      width: free space only, cell widths (sigma).
+      block: particles processed at once while building (memory bound).
+    """
+
+    capacity: int
+    max_neighbors: int
+    radius: float
+    skin: float
+    periodic: bool
+    cells: tuple[int, int, int] | None
+    reach: int
+    column_capacity: int
+    origin: tuple[float, float, float] | None = None
+    width: tuple[float, float, float] | None = None
+    block: int = 4096
+
+
+class NeighborList(NamedTuple):
+    """A Verlet list (a pytree).
+
+    Attributes:
+      idx: int32[N, M], neighbour indices, padded with N.
+      ref_position: float[N, 3], positions at the last build (sigma).
+      did_overflow: bool[], a capacity was too small at some build (sticky).
+      needed: int32[2], largest (neighbours per row, column entries) seen at any build.
+      n_builds: int32[], number of builds since allocation.
+    """
+
+    idx: jax.Array
+    ref_position: jax.Array
+    did_overflow: jax.Array
+    needed: jax.Array
+    n_builds: jax.Array
+
+
+def _column_ranges(spec: NeighborSpec, space: Space, r, valid):
+    """Sorted order and per-particle candidate column ranges."""
+    n = spec.capacity
+    nx, ny, nz = spec.cells
+    ncell = nx * ny * nz
+    k = spec.reach
+    if spec.periodic:
+        box = space.box.astype(r.dtype)
+        frac = r / box
+        frac = frac - jnp.floor(frac)
+        c = jnp.floor(frac * jnp.asarray(spec.cells, r.dtype)).astype(jnp.int32)
+    else:
+        origin = jnp.asarray(spec.origin, r.dtype)
+        width = jnp.asarray(spec.width, r.dtype)
+        c = jnp.floor((r - origin) / width).astype(jnp.int32)
+    c = jnp.clip(c, 0, jnp.asarray(spec.cells, jnp.int32) - 1)
+    cell = (c[:, 0] * ny + c[:, 1]) * nz + c[:, 2]
+    cell = jnp.where(valid, cell, ncell)
+    order = jnp.argsort(cell, stable=True).astype(jnp.int32)
+    counts = jnp.zeros(ncell + 1, jnp.int32).at[cell].add(1)
+    start = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)])
+    d = np.arange(-k, k + 1)
+    dx = jnp.asarray(np.repeat(d, d.size), jnp.int32)
+    dy = jnp.asarray(np.tile(d, d.size), jnp.int32)
+    cx = c[:, 0:1] + dx[None]
+    cy = c[:, 1:2] + dy[None]
+    if spec.periodic:
+        col_ok = jnp.ones(cx.shape, bool)
+        cx, cy = cx % nx, cy % ny
+    else:
+        col_ok = (cx >= 0) & (cx < nx) & (cy >= 0) & (cy < ny)
+        cx, cy = jnp.clip(cx, 0, nx - 1), jnp.clip(cy, 0, ny - 1)
+    base = (cx * ny + cy) * nz  # (N, ncol)
+    lo = (c[:, 2] - k)[:, None]
+    hi = (c[:, 2] + k)[:, None]
+    s_a = start[base + jnp.maximum(lo, 0)]
+    e_a = start[base + jnp.minimum(hi, nz - 1) + 1]
+    len_a = jnp.where(col_ok, e_a - s_a, 0)
+    if spec.periodic:
+        below, above = lo < 0, hi > nz - 1
+        b_lo = jnp.where(below, nz + lo, 0)
+        b_hi = jnp.where(below, nz - 1, hi - nz)
+        s_b = start[base + b_lo]
+        e_b = start[base + jnp.clip(b_hi, 0, nz - 1) + 1]
+        len_b = jnp.where(below | above, e_b - s_b, 0)
+    else:
+        s_b = jnp.zeros_like(s_a)
+        len_b = jnp.zeros_like(len_a)
+    del n
+    return order, s_a, len_a, s_b, len_b
+
+
+def _compact_words(mask, m):
+    """Positions of the first ``m`` True entries of each row of ``mask``.
+
+    ``mask`` is bool[B, W, S] with S <= 32: each (row, w) group is packed into a 32-bit
+    word, so the k-th True entry is found with popcounts (a binary search inside the word)
+    instead of a scatter or a sort, which are slow on CPU.
+
+    Returns:
+      (src, count): int32[B, m] flat positions ``w * S + s`` (``W * S`` where a row has
+      fewer than ``m`` entries) and int32[B] the number of True entries per row.
+    """
+    b, w, s = mask.shape
+    one = jnp.uint32(1)
+    bit = jnp.left_shift(one, jnp.arange(s, dtype=jnp.uint32))
+    word = jnp.sum(jnp.where(mask, bit, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)
+    cnt = jax.lax.population_count(word).astype(jnp.int32)  # (B, W)
+    cum = jnp.cumsum(cnt, axis=1)
+    t = jnp.arange(m, dtype=jnp.int32)
+    grp = jnp.sum(cum[:, None, :] <= t[None, :, None], axis=-1, dtype=jnp.int32)
+    grp_c = jnp.minimum(grp, w - 1)
+    rank = t[None] - jnp.take_along_axis(cum - cnt, grp_c, axis=1)
+    wd = jnp.take_along_axis(word, grp_c, axis=1)
+    pos = jnp.zeros_like(rank)
+    step = 1 << (max(s - 1, 1).bit_length() - 1)
+    while step >= 1:
+        trial = pos + step
+        low = wd & (jnp.left_shift(one, jnp.minimum(trial, 31).astype(jnp.uint32)) - one)
+        low = jnp.where(trial >= 32, wd, low)
+        pos = jnp.where(jax.lax.population_count(low).astype(jnp.int32) <= rank, trial, pos)
+        step //= 2
+    src = jnp.where(grp < w, grp_c * s + pos, w * s)
+    return src, cum[:, -1]
+
+
+def _split(n: int) -> tuple[int, int]:
+    """(words, slots per word) covering ``n`` slots with at most 32 per word."""
+    w = max(-(-n // 32), 1)
+    return w, max(-(-n // w), 1)
+
+
+def build(spec: NeighborSpec, space: Space, r: jax.Array, valid: jax.Array) -> NeighborList:
+    """Build a neighbour list from scratch (jittable, ``spec`` static).
+
+    Args:
+      spec: static layout from ``allocate``.
+      space: the space.
+      r: float[N, 3], positions (sigma).
+      valid: bool[N], occupied slots.
+
+    Returns:
+      A fresh ``NeighborList`` (``n_builds`` = 1, overflow flags of this build only).
+    """
+    n, m = spec.capacity, spec.max_neighbors
+    rad2 = jnp.asarray(spec.radius**2, r.dtype)
+    blk = min(spec.block, n)
+    nblk = -(-n // blk)
+    npad = nblk * blk
+
+    def pad(x):
+        return jnp.concatenate([x, jnp.zeros((npad - n,) + x.shape[1:], x.dtype)])
+
+    if spec.cells is None:
+        order = jnp.arange(n, dtype=jnp.int32)
+        rs, vs = r, valid
+        nw, ns = _split(n)
+        cand = jnp.arange(nw * ns, dtype=jnp.int32).reshape(nw, ns)
+        per_particle = (pad(jnp.arange(n, dtype=jnp.int32)),)
+
+        def candidates(blocked):
+            (i,) = blocked
+            ok = jnp.broadcast_to(cand < n, (blk, nw, ns))
+            return jnp.broadcast_to(jnp.minimum(cand, n - 1), (blk, nw, ns)), ok, i
+
+    else:
+        order, s_a, len_a, s_b, len_b = _column_ranges(spec, space, r, valid)
+        rs, vs = r[order], valid[order]
+        nw, ns = _split(spec.column_capacity)
+        slot = jnp.arange(nw * ns, dtype=jnp.int32)
+        inv = jnp.zeros(n, jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+        per_particle = tuple(map(pad, (inv, s_a, len_a, s_b, len_b)))
+
+        def candidates(blocked):
+            i_sorted, sa, la, sb, lb = blocked
+            la, sa, sb = la[..., None], sa[..., None], sb[..., None]
+            sidx = jnp.where(slot < la, sa + slot, sb + slot - la)
+            ok = slot < la + lb[..., None]
+            ncol = sidx.shape[1]
+            sidx = jnp.where(ok, sidx, 0).reshape(blk, ncol * nw, ns)
+            return sidx, ok.reshape(blk, ncol * nw, ns), i_sorted
+
+    rpad, vpad = pad(r), pad(valid)
+
+    def one_block(b):
+        sl = lambda x: jax.lax.dynamic_slice_in_dim(x, b * blk, blk)  # noqa: E731
+        blocked = tuple(map(sl, per_particle))
+        ri, vi = sl(rpad), sl(vpad)
+        sidx, ok, i_sorted = candidates(blocked)
+        dr = displacement(space, ri[:, None, None, :], rs[sidx])
+        r2 = jnp.sum(dr * dr, axis=-1)
+        mask = ok & (r2 < rad2) & vs[sidx] & (sidx != i_sorted[:, None, None])
+        mask = mask & vi[:, None, None]
+        src, cnt = _compact_words(mask, m)
+        flat = sidx.reshape(blk, -1)
+        got = jnp.take_along_axis(flat, jnp.minimum(src, flat.shape[1] - 1), axis=1)
+        idx = jnp.where(src < flat.shape[1], order[got], n)
+        if spec.cells is None:
+            col = jnp.int32(0)
+        else:
+            col = jnp.max(jnp.where(vi[:, None], blocked[2] + blocked[4], 0))
+        return idx, jnp.max(cnt), col
+
+    idx, cnt, col = jax.lax.map(one_block, jnp.arange(nblk))
+    idx = idx.reshape(npad, m)[:n]
+    needed = jnp.stack([jnp.max(cnt), jnp.max(col)]).astype(jnp.int32)
+    overflow = needed[0] > m
+    if spec.cells is not None:
+        overflow = overflow | (needed[1] > spec.column_capacity)
+    return NeighborList(idx, r, overflow, needed, jnp.int32(1))
+
+
+def needs_rebuild(spec: NeighborSpec, space: Space, nbrs: NeighborList, r, valid):
+    """True when any valid particle moved more than ``skin / 2`` since the last build."""
+    dr = displacement(space, r, nbrs.ref_position)
+    d2 = jnp.where(valid, jnp.sum(dr * dr, axis=-1), 0.0)
+    return jnp.max(d2) > jnp.asarray((0.5 * spec.skin) ** 2, r.dtype)
+
+
+def update(spec: NeighborSpec, space: Space, nbrs: NeighborList, r, valid) -> NeighborList:
+    """Rebuild the list if ``needs_rebuild`` (jittable); flags and needs accumulate."""
+
+    def rebuild(_):
+        new = build(spec, space, r, valid)
+        return NeighborList(
+            new.idx,
+            new.ref_position,
+            nbrs.did_overflow | new.did_overflow,
+            jnp.maximum(nbrs.needed, new.needed),
+            nbrs.n_builds + 1,
+        )
+
+    return jax.lax.cond(
+        needs_rebuild(spec, space, nbrs, r, valid), rebuild, lambda _: nbrs, None
+    )
+
+
+def _layout(space: Space, r: np.ndarray, valid: np.ndarray, radius: float, force_all_pairs):
+    """Cells, reach, origin and width for a configuration (host side)."""
+    box = np.asarray(space.box, dtype=np.float64)
+    if space.periodic and np.any(box < 2.0 * radius):
+        raise ValueError(
+            f"box {box.tolist()} is smaller than twice the list radius {radius:g}; the "
+            "minimum image would miss pairs (use a larger box or a smaller cutoff/skin)"
+        )
+    if space.periodic:
+        origin = None
+        extent = box
+    else:
+        rv = r[valid] if valid.any() else np.zeros((1, 3))
+        lo, hi = rv.min(axis=0), rv.max(axis=0)
+        origin = tuple(float(x) for x in lo - 0.5 * radius)
+        extent = hi - lo + radius
+    if force_all_pairs:
+        return None, 1, None, None
+    for reach in (2, 1):
+        cells = np.maximum(np.floor(extent * reach / radius).astype(int), 1)
+        if not space.periodic or np.all(cells >= 2 * reach + 1):
+            width = None if space.periodic else tuple(float(x) for x in extent / cells)
+            if int(np.prod(cells)) < 27:
+                break
+            return tuple(int(c) for c in cells), reach, origin, width
+    return None, 1, None, None
+
+
+def allocate(
+    space: Space,
+    r,
+    valid=None,
+    *,
+    cutoff: float,
+    skin: float,
+    capacity_factor: float = 1.2,
+    max_neighbors: int | None = None,
+    column_capacity: int | None = None,
+    all_pairs: bool = False,
+    block: int = 4096,
+) -> tuple[NeighborSpec, NeighborList]:
+    """Size and build a neighbour list for positions ``r`` (host side, not jittable).
+
+    Args:
+      space: the space.
+      r: float[N, 3] positions (sigma).
+      valid: bool[N] occupied slots (default all).
+      cutoff: interaction cutoff rc (sigma).
+      skin: Verlet skin (sigma); the list radius is ``cutoff + skin``.
+      capacity_factor: head-room applied to the measured needs.
+      max_neighbors, column_capacity: fixed capacities (skip measuring; may overflow,
+        which the caller must then detect and repair).
+      all_pairs: use all particles as candidates (small systems, tests).
+      block: particles processed at once while building.
+
+    Returns:
+      (spec, nbrs): the static layout and a list built for ``r``.
+    """
+    r = jnp.asarray(r)
+    n = r.shape[0]
+    valid = jnp.ones(n, bool) if valid is None else jnp.asarray(valid, bool)
+    radius = float(cutoff) + float(skin)
+    cells, reach, origin, width = _layout(
+        space, np.asarray(r), np.asarray(valid), radius, all_pairs
+    )
+    nvalid = max(int(np.sum(np.asarray(valid))), 1)
+    box = np.asarray(space.box, np.float64)
+    density = nvalid / float(np.prod(box)) if space.periodic else 1.0
+    fixed = max_neighbors is not None and (column_capacity is not None or cells is None)
+    guess_m = max_neighbors or max(
+        8, int(1.3 * density * 4.0 / 3.0 * math.pi * radius**3) + 8
+    )
+    if cells is not None:
+        w = (radius / reach) if space.periodic else max(width)
+        guess_c = column_capacity or int(1.6 * density * (2 * reach + 1) * w**3) + 8
+    else:
+        guess_c = 0
+    spec = NeighborSpec(
+        n, int(min(guess_m, n)), radius, float(skin), space.periodic, cells, reach,
+        int(guess_c), origin, width, int(block),
+    )  # fmt: skip
+    nbrs = jax.jit(build, static_argnums=0)(spec, space, r, valid)
+    if fixed:
+        return spec, nbrs
+    spec = regrow(spec, nbrs, capacity_factor, shrink=True)
+    return spec, jax.jit(build, static_argnums=0)(spec, space, r, valid)
+
+
+def regrow(
+    spec: NeighborSpec, nbrs: NeighborList, factor: float = 1.2, shrink: bool = False
+) -> NeighborSpec:
+    """A layout with room for ``factor`` times what ``nbrs`` needed (host side).
+
+    Args:
+      spec: the current layout.
+      nbrs: a list built (or updated) with ``spec``; its ``needed`` is used.
+      factor: head-room (>= 1).
+      shrink: allow capacities below the current ones (used by ``allocate``).
+    """
+    need_m, need_c = (int(x) for x in np.asarray(nbrs.needed))
+    m = int(math.ceil(need_m * factor))
+    c = int(math.ceil(need_c * factor)) if spec.cells is not None else 0
+    if not shrink:
+        m, c = max(m, spec.max_neighbors), max(c, spec.column_capacity)
+    m = min(max(m, 1), spec.capacity)
+    return dataclasses.replace(spec, max_neighbors=m, column_capacity=max(c, 1))

@@ -1,0 +1,214 @@
+"""The driver: config -> validated set-up -> engine -> chunks of steps -> output file.
+
+``run_config`` is what ``simpar run`` calls. For grid models it:
+
+1. reads and validates the whole config (model, grid, time, output, parallel) and builds the
+   engine (which checks the mesh against the grid) *before* any file is created, so invalid
+   input leaves nothing behind;
+2. jit-compiles a chunk of ``output.every`` steps and loops over chunks on the host;
+3. after each chunk checks for non-finite values (a ``SimulationError`` names the step and the
+   setting to change), appends a frame (fields, diagnostics, profiles) to the netCDF-style HDF5
+   file and flushes it, and reports progress.
+
+Particle models (``lj``, ``nbody``) have drivers of their own in ``simpar.particles``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from simpar import config as cfgmod
+from simpar.config import Section
+from simpar.errors import ConfigError, SimulationError
+from simpar.grid.model import GridSetup
+from simpar.parallel.engines import ENGINES, make_engine
+from simpar.parallel.topology import AXIS_NAMES
+from simpar.progress import Progress
+
+GRID_MODELS = ("heat", "wave", "advection", "gray_scott", "lbm")
+PARTICLE_MODELS = {"lj": "simpar.particles.run", "nbody": "simpar.particles.nbody_run"}
+
+
+def grid_setup(cfg: Section) -> GridSetup:
+    """Build a grid model's set-up from its config (module ``simpar.grid.<name>``)."""
+    name = cfg.section("model", required=True).get("name", kind=str)
+    module = importlib.import_module(f"simpar.grid.{name}")
+    return module.from_config(cfg)
+
+
+def model_name(data: dict) -> str:
+    name = Section(data).section("model", required=True).get(
+        "name", kind=str, choices=GRID_MODELS + tuple(PARTICLE_MODELS)
+    )
+    return name
+
+
+def run_config(
+    data: dict,
+    config_text: str,
+    *,
+    engine: str | None = None,
+    mesh: tuple[int, ...] | None = None,
+    steps: int | None = None,
+    out: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Run the experiment described by a parsed config.
+
+    Args:
+      data: the TOML table (``--set`` overrides applied).
+      config_text: the resolved config as TOML text, stored in the output.
+      engine, mesh, steps, out: command-line overrides of ``parallel.engine``,
+        ``parallel.mesh``, ``time.steps`` and ``output.path``.
+      overwrite: replace an existing output file.
+      progress: show progress.
+
+    Returns:
+      A summary: output path, steps, wall time, final diagnostics.
+
+    Raises:
+      ConfigError: invalid input (nothing written).
+      SimulationError: the run failed (the output holds every frame before the failure).
+    """
+    name = model_name(data)
+    if name in PARTICLE_MODELS:
+        module = importlib.import_module(PARTICLE_MODELS[name])
+        return module.run_config(
+            data, config_text, engine=engine, mesh=mesh, steps=steps, out=out, progress=progress
+        )
+    return run_grid(data, config_text, engine=engine, mesh=mesh, steps=steps, out=out,
+                    overwrite=overwrite, progress=progress)
+
+
+def _parallel_settings(cfg: Section, engine, mesh):
+    par = cfg.section("parallel")
+    cfg_engine = par.get("engine", "single", kind=str, choices=ENGINES)
+    engine = engine or cfg_engine
+    if engine not in ENGINES:
+        raise ConfigError("--engine", f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    cfg_mesh = par.get("mesh", None, kind=int, length=(1, 2, 3), min=1)
+    mesh = tuple(mesh) if mesh is not None else (tuple(cfg_mesh) if cfg_mesh else None)
+    halo = par.get("halo", None, kind=int, min=1, max=16)
+    return engine, mesh, halo
+
+
+def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
+             overwrite=False, progress=True) -> dict:
+    from simpar.io.meta import run_metadata
+    from simpar.io.netcdf import GridWriter
+
+    cfg = Section(data)
+    setup = grid_setup(cfg)
+    model, domain = setup.model, setup.domain
+    t = cfg.section("time")
+    cfg_steps = t.get("steps", None if steps is not None else cfgmod.REQUIRED, kind=int, min=0)
+    n_steps = steps if steps is not None else cfg_steps
+    if n_steps < 0:
+        raise ConfigError("--steps", f"must be >= 0, got {n_steps}")
+    o = cfg.section("output")
+    every = o.get("every", max(n_steps // 10, 1), kind=int, min=1)
+    cfg_path = o.get("path", f"data/runs/{model.name}.nc", kind=str)
+    path = Path(out or cfg_path)
+    engine, mesh, halo = _parallel_settings(cfg, engine, mesh)
+    if engine != "single" and mesh is None:
+        import jax
+
+        mesh = (len(jax.devices()),)
+    cfg.check_unused()
+    eng = make_engine(engine, model, domain.shape, mesh if engine != "single" else None, halo)
+    if path.exists() and not overwrite:
+        raise ConfigError("--out", f"output file {path} exists; pass --overwrite to replace it or choose another --out")
+    if path.suffix in (".xdmf", ".toml"):
+        raise ConfigError("--out", f"{path} looks like a sidecar/config; give an HDF5 path such as run.nc or run.h5")
+
+    # ---- everything validated: from here on we write -------------------------------------
+    path.parent.mkdir(parents=True, exist_ok=True)
+    d = domain.ndim
+    names = AXIS_NAMES[:d]
+    out_fields = setup.output or {f: (lambda s, f=f: s[f]) for f in model.fields}
+    state = eng.place(setup.state)
+    params = setup.params
+    obs = eng.observe(state, params)
+    variables = {}
+    for f in out_fields:
+        variables[f] = {
+            "dims": ("time",) + tuple(reversed(names)),
+            "dtype": domain.dtype,
+            "units": model.units.get(f, "1"),
+            "long_name": model.long_names.get(f, f),
+        }
+    for k, v in obs.items():
+        if k == "nonfinite":
+            continue
+        if np.ndim(v) == 1:
+            variables[k] = {"dims": ("time", names[-1]), "dtype": "float64", "units": "1",
+                            "long_name": f"{k[:-8]} averaged over {', '.join(names[:-1])}"}
+        else:
+            variables[k] = {"dims": ("time",), "dtype": "float64", "units": "1", "long_name": k}
+    attrs = run_metadata(config_text, engine=engine, mesh=eng.grid.shape, dtype=domain.dtype,
+                         seed=setup.seed, model=model.name)
+    attrs.update({"halo_width": np.int32(eng.halo), "dt": float(setup.dt),
+                  "grid_shape": np.asarray(domain.shape, np.int32),
+                  "grid_length": np.asarray(domain.length, np.float64)})
+    coords = {n: c for n, c in zip(reversed(names), reversed(domain.coords()), strict=True)}
+    writer = GridWriter(path, coords=coords, variables=variables, attrs=attrs, overwrite=overwrite)
+
+    def frame(step, host_state, obs):
+        values = {f: np.transpose(fn(host_state)) for f, fn in out_fields.items()}
+        values.update({k: v for k, v in obs.items() if k != "nonfinite"})
+        writer.append(step * setup.dt, step, values)
+
+    t0 = time.perf_counter()
+    done = 0
+    cells = math.prod(domain.shape)
+    try:
+        writer.set_status("running")
+        frame(0, eng.gather(state), obs)
+        with Progress(n_steps, enabled=progress, desc=f"{model.name}/{engine}") as bar:
+            while done < n_steps:
+                chunk = min(every, n_steps - done)
+                state = eng.advance(state, params, chunk)
+                obs = eng.observe(state, params)
+                done += chunk
+                if obs["nonfinite"] > 0:
+                    raise SimulationError(
+                        done,
+                        f"{int(obs['nonfinite'])} non-finite values in the fields after step {done}",
+                        hint="The scheme is unstable or a parameter is out of range: reduce time.dt "
+                        "or check [physics]",
+                        checkpoint=f"{path} (frames up to step {done - chunk})",
+                    )
+                frame(done, eng.gather(state), obs)
+                bar.update(chunk)
+        writer.set_status("complete")
+    except SimulationError as err:
+        writer.set_status(f"failed: {err}")
+        raise
+    except BaseException:
+        writer.set_status("failed: interrupted")
+        raise
+    finally:
+        writer.close()
+    wall = time.perf_counter() - t0
+    return {
+        "path": str(path),
+        "model": model.name,
+        "engine": engine,
+        "mesh": list(eng.grid.shape),
+        "steps": n_steps,
+        "wall_s": wall,
+        "Mcell_updates_per_s": cells * n_steps / wall / 1e6 if wall > 0 else float("nan"),
+        "final": {k: (v.tolist() if np.ndim(v) == 0 else None) for k, v in obs.items()},
+    }
+
+
+def run_file(path: str, overrides=(), **kwargs) -> dict:
+    """Load a TOML config, apply ``--set`` overrides and run it (see ``run_config``)."""
+    data, text = cfgmod.load(path, overrides)
+    return run_config(data, text, **kwargs)
