@@ -56,7 +56,10 @@ def _configure_jax(devices: int | None) -> None:
     import jax
 
     if devices is not None:
-        jax.config.update("jax_num_cpu_devices", int(devices))
+        try:
+            jax.config.update("jax_num_cpu_devices", int(devices))
+        except RuntimeError:
+            pass  # JAX already started (library use, tests): the device count is checked later
 
 
 def _cmd_info(args) -> int:

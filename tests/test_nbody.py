@@ -91,9 +91,7 @@ def test_ring_visits_every_block_exactly_once(engine):
         out = jax.pmap(block, axis_name="dev")(ids[:, None, :])[:, 0, :]
     else:
         mesh = jax.make_mesh((n_dev,), ("dev",))
-        sm = jax.shard_map(
-            block, mesh=mesh, in_specs=jax.P("dev"), out_specs=jax.P("dev")
-        )
+        sm = jax.shard_map(block, mesh=mesh, in_specs=jax.P("dev"), out_specs=jax.P("dev"))
         src = jax.device_put(ids, jax.NamedSharding(mesh, jax.P("dev")))
         out = jax.jit(sm)(src)
     np.testing.assert_array_equal(np.asarray(out), np.ones((n_dev, n_dev)))
@@ -228,9 +226,7 @@ def _config(tmp_path, **over):
 def test_driver_writes_h5md(tmp_path):
     data = _config(tmp_path)
     text = dumps(data)
-    out = run_config(
-        data, text, engine="pmap", mesh=(2,), steps=None, out=None, progress=False
-    )
+    out = run_config(data, text, engine="pmap", mesh=(2,), steps=None, out=None, progress=False)
     assert out["frames"] == 3 and out["devices"] == 2 and out["engine"] == "pmap"
     assert out["energy_max_rel_error"] < 5e-4  # N = 64: measured 7e-5
     path = tmp_path / "run.h5md"
@@ -295,8 +291,7 @@ def test_driver_detects_nan(tmp_path):
     # float32 with an absurd time step: positions overflow to inf within a few steps.
     data = _config(tmp_path, particles__dtype="float32", time__dt=1e37, time__steps=40)
     with pytest.raises(SimulationError, match="non-finite") as err:
-        run_config(data, dumps(data), engine="", mesh=None, steps=None, out=None,
-                   progress=False)
+        run_config(data, dumps(data), engine="", mesh=None, steps=None, out=None, progress=False)
     assert err.value.step in (10, 20, 30, 40) and "time.dt" in str(err.value)
     with h5py.File(tmp_path / "run.h5md", "r") as f:
         assert f.attrs["run_status"] == "failed"

@@ -194,7 +194,11 @@ def _mesh(grid: DeviceGrid, devices) -> Mesh:
 
 
 class ShardedEngine(Engine):
-    """Global ``jax.Array`` with ``NamedSharding``; XLA partitions the unchanged global step."""
+    """Global ``jax.Array`` with ``NamedSharding``; XLA partitions the unchanged global step.
+
+    The halo width is always the model's radius here (one step per pad): with the global view
+    the compiler, not the user, decides what crosses devices.
+    """
 
     name = "sharded"
 
@@ -355,6 +359,10 @@ def make_engine(
         raise ConfigError(
             "parallel.halo", f"halo width {halo} is below the stencil radius {model.radius} of model {model.name}"
         )
+    if name == "sharded":
+        # XLA decides how halos move; a width above the radius would only add in-place
+        # boundary refills that the partitioner turns into extra collectives
+        halo = model.radius
     available = list(devices) if devices is not None else jax.devices()
     if mesh is None:
         mesh = (1,) if name == "single" else (len(available),)

@@ -156,17 +156,22 @@ def pad(x: jax.Array, w: int, bcs, comm) -> jax.Array:
     for a in range(d):
         ax = x.ndim - d + a
         n = x.shape[ax]
-        periodic = bcs[a][0].periodic
+        lo_bc, hi_bc = bcs[a]
+        inner_lo, inner_hi = _slice(x, ax, 0, w), _slice(x, ax, n - w, n)
         if comm.extent(a) == 1:
-            if periodic:
-                lo, hi = _slice(x, ax, n - w, n), _slice(x, ax, 0, w)
-            else:  # placeholders, overwritten by fill_edges below
-                lo, hi = _slice(x, ax, 0, w), _slice(x, ax, n - w, n)
+            if lo_bc.periodic:
+                lo, hi = inner_hi, inner_lo
+            else:
+                lo, hi = lo_bc.fill(inner_lo, ax, -1), hi_bc.fill(inner_hi, ax, +1)
         else:
-            lo = comm.shift(_slice(x, ax, n - w, n), a, +1)
-            hi = comm.shift(_slice(x, ax, 0, w), a, -1)
+            lo = comm.shift(inner_hi, a, +1)
+            hi = comm.shift(inner_lo, a, -1)
+            if not lo_bc.periodic:  # ppermute delivered zeros at the outer edges
+                c = comm.coord(a)
+                lo = jnp.where(c == 0, lo_bc.fill(inner_lo, ax, -1), lo)
+                hi = jnp.where(c == comm.extent(a) - 1, hi_bc.fill(inner_hi, ax, +1), hi)
         x = lax.concatenate([lo, x, hi], ax)
-    return fill_edges(x, w, bcs, comm)
+    return x
 
 
 def fill_edges(x: jax.Array, k: int, bcs, comm) -> jax.Array:
@@ -195,7 +200,11 @@ def fill_edges(x: jax.Array, k: int, bcs, comm) -> jax.Array:
             c = comm.coord(a)
             lo = jnp.where(c == 0, lo, _slice(x, ax, 0, k))
             hi = jnp.where(c == comm.extent(a) - 1, hi, _slice(x, ax, n - k, n))
-        x = lax.concatenate([lo, _slice(x, ax, k, n - k), hi], ax)
+        # in-place updates rather than a concatenate: under the sharded engine XLA keeps the
+        # array's sharding and touches only the edge shards (a concatenate of x[k:n-k] made it
+        # all-gather the whole axis)
+        x = lax.dynamic_update_slice_in_dim(x, lo, 0, ax)
+        x = lax.dynamic_update_slice_in_dim(x, hi, n - k, ax)
     return x
 
 

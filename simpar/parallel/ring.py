@@ -105,31 +105,44 @@ def _pack(pos: jax.Array, mass: jax.Array) -> jax.Array:
 
 
 def ring_accelerations(
-    pos: jax.Array, mass: jax.Array, G: jax.Array, eps: jax.Array, axis_name: str, n_dev: int
+    pos: jax.Array,
+    mass: jax.Array,
+    G: jax.Array,
+    eps: jax.Array,
+    axis_name: str,
+    n_dev: int,
+    target_block: int | None = None,
 ) -> jax.Array:
     """Accelerations of the local block due to all blocks (inside pmap/shard_map).
 
     Args:
       pos: (n, 3) local positions; mass: (n,) local masses; G, eps: () scalars.
       axis_name, n_dev: the ring axis and its size (static).
+      target_block: kernel tiling (see ``nbody.accelerations``), static.
 
     Returns:
       (n, 3) accelerations.
     """
 
     def kernel(t, s):
-        return accelerations(t, s[:, :3], s[:, 3], G, eps)
+        return accelerations(t, s[:, :3], s[:, 3], G, eps, target_block=target_block)
 
     return ring_sum(kernel, pos, _pack(pos, mass), axis_name, n_dev)
 
 
 def ring_potentials(
-    pos: jax.Array, mass: jax.Array, G: jax.Array, eps: jax.Array, axis_name: str, n_dev: int
+    pos: jax.Array,
+    mass: jax.Array,
+    G: jax.Array,
+    eps: jax.Array,
+    axis_name: str,
+    n_dev: int,
+    target_block: int | None = None,
 ) -> jax.Array:
     """Potential at the local block's particles due to all blocks; (n,)."""
 
     def kernel(t, s):
-        return potentials(t, s[:, :3], s[:, 3], G, eps)
+        return potentials(t, s[:, :3], s[:, 3], G, eps, target_block=target_block)
 
     return ring_sum(kernel, pos, _pack(pos, mass), axis_name, n_dev)
 
@@ -137,52 +150,44 @@ def ring_potentials(
 # -------------------------------------------------------------- per-block programs
 
 
-def _block_init(pos, vel, mass, params: NBodyParams, axis_name, n_dev) -> NBodyState:
-    acc = ring_accelerations(pos, mass, params.G, params.eps, axis_name, n_dev)
+def _block_init(pos, vel, mass, params: NBodyParams, axis_name, n_dev, tb) -> NBodyState:
+    acc = ring_accelerations(pos, mass, params.G, params.eps, axis_name, n_dev, tb)
     return NBodyState(pos=pos, vel=vel, acc=acc, mass=mass)
 
 
-def _block_observables(state: NBodyState, params: NBodyParams, axis_name, n_dev):
-    phi = ring_potentials(state.pos, state.mass, params.G, params.eps, axis_name, n_dev)
+def _block_observables(state: NBodyState, params: NBodyParams, axis_name, n_dev, tb):
+    phi = ring_potentials(state.pos, state.mass, params.G, params.eps, axis_name, n_dev, tb)
     obs = block_observables(state.pos, state.vel, state.mass, phi)
     return lax.psum(obs, axis_name)
 
 
-def _block_run(state: NBodyState, params: NBodyParams, n_steps, axis_name, n_dev):
+def _block_run(state: NBodyState, params: NBodyParams, n_steps, axis_name, n_dev, tb):
     def accel_fn(pos, mass):
-        return ring_accelerations(pos, mass, params.G, params.eps, axis_name, n_dev)
+        return ring_accelerations(pos, mass, params.G, params.eps, axis_name, n_dev, tb)
 
-    state = lax.fori_loop(
-        0, n_steps, lambda _, s: leapfrog_step(s, params.dt, accel_fn), state
-    )
-    return state, _block_observables(state, params, axis_name, n_dev)
+    state = lax.fori_loop(0, n_steps, lambda _, s: leapfrog_step(s, params.dt, accel_fn), state)
+    return state, _block_observables(state, params, axis_name, n_dev, tb)
 
 
 # -------------------------------------------------------- whole-system programs
 
 
-def _global_accel(pos, mass, G, eps):
-    return accelerations(pos, pos, mass, G, eps)
-
-
-def _global_init(pos, vel, mass, params: NBodyParams) -> NBodyState:
-    acc = _global_accel(pos, mass, params.G, params.eps)
+def _global_init(pos, vel, mass, params: NBodyParams, tb) -> NBodyState:
+    acc = accelerations(pos, pos, mass, params.G, params.eps, target_block=tb)
     return NBodyState(pos=pos, vel=vel, acc=acc, mass=mass)
 
 
-def _global_observables(state: NBodyState, params: NBodyParams) -> Observables:
-    phi = potentials(state.pos, state.pos, state.mass, params.G, params.eps)
+def _global_observables(state: NBodyState, params: NBodyParams, tb) -> Observables:
+    phi = potentials(state.pos, state.pos, state.mass, params.G, params.eps, target_block=tb)
     return block_observables(state.pos, state.vel, state.mass, phi)
 
 
-def _global_run(state: NBodyState, params: NBodyParams, n_steps):
+def _global_run(state: NBodyState, params: NBodyParams, n_steps, tb):
     def accel_fn(pos, mass):
-        return _global_accel(pos, mass, params.G, params.eps)
+        return accelerations(pos, pos, mass, params.G, params.eps, target_block=tb)
 
-    state = lax.fori_loop(
-        0, n_steps, lambda _, s: leapfrog_step(s, params.dt, accel_fn), state
-    )
-    return state, _global_observables(state, params)
+    state = lax.fori_loop(0, n_steps, lambda _, s: leapfrog_step(s, params.dt, accel_fn), state)
+    return state, _global_observables(state, params, tb)
 
 
 # ------------------------------------------------------------------------ engines
@@ -223,9 +228,7 @@ def check_layout(n: int, engine: str, n_devices: int) -> None:
             "parallel.devices", f"{n_devices} devices requested, JAX sees {available}"
         )
     if engine == "single" and n_devices != 1:
-        raise ConfigError(
-            "parallel.devices", f"engine 'single' runs on 1 device, got {n_devices}"
-        )
+        raise ConfigError("parallel.devices", f"engine 'single' runs on 1 device, got {n_devices}")
     if n % n_devices:
         raise ConfigError(
             "parallel.devices",
@@ -243,25 +246,45 @@ def _cast(params: NBodyParams, dtype) -> NBodyParams:
     return NBodyParams(*(jnp.asarray(p, dtype) for p in params))
 
 
-@functools.cache
-def make_engine(engine: str, n_devices: int = 1) -> NBodyEngine:
+def default_target_block(engine: str) -> int | None:
+    """Kernel tiling for ``engine`` on the default backend: 64 targets at a time on CPU
+    (cache-sized pair arrays, ~3x faster), whole blocks elsewhere (GPUs want one big
+    parallel kernel). The ``sharded`` engine keeps the untiled kernel so that XLA can
+    partition it (a sequential loop over a sharded axis would not be)."""
+    if engine == "sharded" or jax.default_backend() != "cpu":
+        return None
+    return 64
+
+
+def make_engine(
+    engine: str, n_devices: int = 1, target_block: int | None | str = "auto"
+) -> NBodyEngine:
     """Build (and cache) the programs of one engine on the first ``n_devices`` devices.
 
     Args:
       engine: one of ``ENGINES``.
       n_devices: ring size; must be 1 for ``single``.
+      target_block: kernel tiling (``nbody.accelerations``); "auto" picks
+        ``default_target_block(engine)``. Changing it recompiles.
 
     Raises:
       ConfigError: unknown engine or too many devices.
     """
     check_layout(n_devices, engine, n_devices)
+    if target_block == "auto":
+        target_block = default_target_block(engine)
+    return _make_engine(engine, n_devices, target_block)
+
+
+@functools.cache
+def _make_engine(engine: str, n_devices: int, tb: int | None) -> NBodyEngine:
     devices = jax.devices()[:n_devices]
 
     if engine == "single":
         dev = devices[0]
-        init = jax.jit(_global_init)
-        run = jax.jit(_global_run)
-        obs = jax.jit(_global_observables)
+        init = jax.jit(functools.partial(_global_init, tb=tb))
+        run = jax.jit(functools.partial(_global_run, tb=tb))
+        obs = jax.jit(functools.partial(_global_observables, tb=tb))
 
         def init_fn(pos, vel, mass, params):
             pos, vel, mass = (jax.device_put(jnp.asarray(a), dev) for a in (pos, vel, mass))
@@ -278,19 +301,19 @@ def make_engine(engine: str, n_devices: int = 1) -> NBodyEngine:
 
     if engine == "pmap":
         block_init = jax.pmap(
-            functools.partial(_block_init, axis_name=AXIS, n_dev=n_devices),
+            functools.partial(_block_init, axis_name=AXIS, n_dev=n_devices, tb=tb),
             axis_name=AXIS,
             in_axes=(0, 0, 0, None),
             devices=devices,
         )
         block_run = jax.pmap(
-            functools.partial(_block_run, axis_name=AXIS, n_dev=n_devices),
+            functools.partial(_block_run, axis_name=AXIS, n_dev=n_devices, tb=tb),
             axis_name=AXIS,
             in_axes=(0, None, None),
             devices=devices,
         )
         block_obs = jax.pmap(
-            functools.partial(_block_observables, axis_name=AXIS, n_dev=n_devices),
+            functools.partial(_block_observables, axis_name=AXIS, n_dev=n_devices, tb=tb),
             axis_name=AXIS,
             in_axes=(0, None),
             devices=devices,
@@ -313,9 +336,7 @@ def make_engine(engine: str, n_devices: int = 1) -> NBodyEngine:
             return state, first(obs)
 
         def fetch(state):
-            return NBodyState(
-                *(np.asarray(a).reshape((-1,) + a.shape[2:]) for a in state)
-            )
+            return NBodyState(*(np.asarray(a).reshape((-1,) + a.shape[2:]) for a in state))
 
         return NBodyEngine(
             engine,
@@ -342,7 +363,7 @@ def make_engine(engine: str, n_devices: int = 1) -> NBodyEngine:
         state_spec = NBodyState(P(AXIS), P(AXIS), P(AXIS), P(AXIS))
         init = jax.jit(
             jax.shard_map(
-                functools.partial(_block_init, axis_name=AXIS, n_dev=n_devices),
+                functools.partial(_block_init, axis_name=AXIS, n_dev=n_devices, tb=tb),
                 mesh=mesh,
                 in_specs=(P(AXIS), P(AXIS), P(AXIS), P()),
                 out_specs=state_spec,
@@ -350,7 +371,7 @@ def make_engine(engine: str, n_devices: int = 1) -> NBodyEngine:
         )
         run = jax.jit(
             jax.shard_map(
-                functools.partial(_block_run, axis_name=AXIS, n_dev=n_devices),
+                functools.partial(_block_run, axis_name=AXIS, n_dev=n_devices, tb=tb),
                 mesh=mesh,
                 in_specs=(state_spec, P(), P()),
                 out_specs=(state_spec, P()),
@@ -358,7 +379,7 @@ def make_engine(engine: str, n_devices: int = 1) -> NBodyEngine:
         )
         obs = jax.jit(
             jax.shard_map(
-                functools.partial(_block_observables, axis_name=AXIS, n_dev=n_devices),
+                functools.partial(_block_observables, axis_name=AXIS, n_dev=n_devices, tb=tb),
                 mesh=mesh,
                 in_specs=(state_spec, P()),
                 out_specs=P(),
@@ -366,9 +387,9 @@ def make_engine(engine: str, n_devices: int = 1) -> NBodyEngine:
         )
     else:  # sharded: the unchanged whole-system programs, partitioned by XLA
         state_sh = NBodyState(part, part, part, part)
-        init = jax.jit(_global_init, out_shardings=state_sh)
-        run = jax.jit(_global_run, out_shardings=(state_sh, repl))
-        obs = jax.jit(_global_observables, out_shardings=repl)
+        init = jax.jit(functools.partial(_global_init, tb=tb), out_shardings=state_sh)
+        run = jax.jit(functools.partial(_global_run, tb=tb), out_shardings=(state_sh, repl))
+        obs = jax.jit(functools.partial(_global_observables, tb=tb), out_shardings=repl)
 
     def params_on_mesh(params, dtype):
         return jax.device_put(_cast(params, dtype), repl)

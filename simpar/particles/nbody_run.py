@@ -319,4 +319,3 @@ def _check_finite(obs: dict, step: int, checkpoint: str | None, last_good: int) 
             hint="reduce time.dt or increase physics.softening",
             checkpoint=checkpoint,
         )
-

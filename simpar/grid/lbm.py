@@ -1,0 +1,603 @@
+"""Lattice Boltzmann (BGK) on D2Q9 and D3Q19 lattices: fused collide + stream per update.
+
+Everything here is in lattice units (cell size ``dx = 1``, time step ``dt = 1``, sound speed
+``c_s^2 = 1/3``). A run stores the **post-collision** populations ``f*`` in one field ``f`` of
+shape ``(Q, nx, ny[, nz])`` (the lead axis ``Q`` is never split between devices). One
+``update`` is one lattice time step, streaming first and colliding second::
+
+    f_i(x)   = f*_i(x - c_i)                              # pull from the radius-1 halo
+    f*'_i(x) = f_i(x) + omega (f_i^eq(rho, u) - f_i(x)),  omega = 1 / tau,  tau = 3 nu + 1/2
+
+with ``f_i^eq = w_i rho (1 + 3 c_i.u + 9/2 (c_i.u)^2 - 3/2 u.u)``. Diagonal populations are
+read from the corner halo cells, so streaming across device boundaries only needs the standard
+halo fill (faces, edges and corners included).
+
+Walls: halfway bounce-back, as a boundary condition (:class:`BounceBack`). Because the stored
+state is post-collision, the halo fill can build the ghost population that streams into the
+fluid from the inner slab alone: the ghost cell ``g`` gets
+``f*_i(g) = f*_opp(i)(g + c_i)``, the population of the fluid cell it streams into, reflected.
+A moving wall adds ``2 w_i rho0 (c_i . u_w) / c_s^2`` to those ghost populations (Ladd 1994).
+The wall velocity is a parameter (an array leaf, so it can be swept or differentiated), which a
+halo fill cannot see; so a model with a moving wall carries a second field ``wall``
+``(nx, ny[, nz])``, uint8, zero in the fluid, whose halo fill (:class:`WallFlag`) writes 1 in
+the ghost cells of moving walls, and the update adds ``wall(x - c_i) * 6 w_i rho0 (c_i . u_w)``
+while streaming (exactly ``+0`` away from moving walls).
+
+Corners: the engines fill the halo axis by axis (x, then y on the x-padded array, then z), so
+the corner ghost cells belong to the wall of the last axis: in the lid-driven cavity the two
+upper corners move with the lid. Every value a fluid cell pulls from a ghost cell is computed
+from fluid cells of the same block, which is why all engines agree bitwise.
+
+Config (see ``experiments/cavity_re100.toml``)::
+
+    [model]    name = "lbm"
+    [grid]     shape = [128, 128]        # cubic cells: length / shape equal on every axis
+               length = [1.0, 1.0]
+    [boundary] x = "wall"                # "periodic", "wall" (resting) or "lid" (moving)
+               y = {lower = "wall", upper = "lid"}
+    [physics]  lattice = "D2Q9"          # or "D3Q19" (3-D)
+               u_lid = 0.1               # lid speed along +x, lattice units (<= 0.1)
+               reynolds = 100.0          # Re = u_lid * nx / nu; or viscosity = ... (lattice
+                                         # units), or tau = ... (exactly one of the three)
+               rho0 = 1.0
+    [initial]  kind = "rest"             # or "shear_wave": amplitude (lattice units), mode
+    [steady]   tol = 1e-7                # optional: stop when max|u - u_prev| / u_ref < tol
+               every = 1000              # over this many steps (read by run_steady drivers)
+
+Physical units of the output: ``GridSetup.dt`` is ``dx`` (the cell size in length units), so
+one lattice speed unit (one cell per step) is one length/time unit and the velocities written
+(``ux``, ``uy``[, ``uz``]) equal the lattice velocities; ``time = steps * dx``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from simpar.config import Section
+from simpar.errors import ConfigError
+from simpar.grid import boundary, stencils
+from simpar.grid.domain import Domain, domain_from_config
+from simpar.grid.model import GridModel, GridSetup
+
+CS2 = 1.0 / 3.0
+MAX_LID_SPEED = 0.1  # lattice units: Mach u/c_s = 0.17; compressibility error ~ Ma^2
+AXES = ("x", "y", "z")
+WALL_KINDS = ("periodic", "wall", "lid")
+
+
+# --------------------------------------------------------------------------------------------
+# Lattices
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Lattice:
+    """A DdQq velocity set (static; changing it recompiles).
+
+    Attributes:
+      name: ``"D2Q9"`` or ``"D3Q19"``.
+      c: ``Q`` integer velocities, each a ``d``-tuple in ``{-1, 0, 1}``; ``c[0]`` is rest.
+      w: ``Q`` weights, summing to 1.
+    """
+
+    name: str
+    c: tuple[tuple[int, ...], ...]
+    w: tuple[float, ...]
+
+    @property
+    def d(self) -> int:
+        return len(self.c[0])
+
+    @property
+    def q(self) -> int:
+        return len(self.c)
+
+    @cached_property
+    def opp(self) -> tuple[int, ...]:
+        """Index of the opposite velocity: ``c[opp[i]] == -c[i]``."""
+        where = {v: i for i, v in enumerate(self.c)}
+        return tuple(where[tuple(-a for a in v)] for v in self.c)
+
+
+def _d3q19() -> Lattice:
+    c = [(0, 0, 0)]
+    c += [v for v in itertools.product((-1, 0, 1), repeat=3) if sum(map(abs, v)) == 1]
+    c += [v for v in itertools.product((-1, 0, 1), repeat=3) if sum(map(abs, v)) == 2]
+    w = [1 / 3] + [1 / 18] * 6 + [1 / 36] * 12
+    return Lattice("D3Q19", tuple(c), tuple(w))
+
+
+D2Q9 = Lattice(
+    "D2Q9",
+    ((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1), (1, 1), (-1, 1), (-1, -1), (1, -1)),
+    (4 / 9, 1 / 9, 1 / 9, 1 / 9, 1 / 9, 1 / 36, 1 / 36, 1 / 36, 1 / 36),
+)
+D3Q19 = _d3q19()
+LATTICES = {"D2Q9": D2Q9, "D3Q19": D3Q19}
+
+
+# --------------------------------------------------------------------------------------------
+# Boundary conditions (halo fills)
+# --------------------------------------------------------------------------------------------
+def _shift_edge(x: jax.Array, axis: int, s: int) -> jax.Array:
+    """``out[i] = x[i + s]`` along ``axis`` (``s`` in -1, 0, 1), repeating the edge value."""
+    if s == 0:
+        return x
+    n = x.shape[axis]
+    if s > 0:
+        return lax.concatenate([lax.slice_in_dim(x, 1, n, axis=axis), lax.slice_in_dim(x, n - 1, n, axis=axis)], axis)
+    return lax.concatenate([lax.slice_in_dim(x, 0, 1, axis=axis), lax.slice_in_dim(x, 0, n - 1, axis=axis)], axis)
+
+
+@dataclass(frozen=True)
+class BounceBack:
+    """Halfway bounce-back wall for the populations ``f`` (resting or moving: see module doc).
+
+    The wall lies on the cell face between the last fluid cell and the first ghost cell. Ghost
+    cell ``g`` (first layer) gets ``f*_i(g) = f*_opp(i)(g + c_i)`` for every ``i``: for the
+    populations that stream into the fluid (``c_i`` pointing inwards) this is the reflected
+    post-collision population of the cell they stream into; the others are never read by a
+    fluid cell and just stay finite. Deeper ghost layers (halo width > 1) repeat the rule on
+    the mirror image (their values are never read by fluid cells either).
+    """
+
+    lattice: Lattice
+    periodic = False
+
+    def fill(self, inner: jax.Array, axis: int, side: int) -> jax.Array:
+        """Ghost slab from the slab just inside the wall.
+
+        Args:
+          inner: ``(Q, ..., k, ...)``: the ``k`` cells just inside the wall along ``axis``,
+            full (padded) extent on the other spatial axes; post-collision populations.
+          axis: array axis of ``inner`` normal to the wall (spatial axis ``axis - 1``).
+          side: -1 for the lower wall, +1 for the upper one.
+
+        Returns:
+          Same shape as ``inner``: the halo slab outside the wall.
+        """
+        lat = self.lattice
+        lead = inner.ndim - lat.d
+        if lead != 1:
+            raise ValueError(f"BounceBack expects fields (Q, *spatial); got shape {inner.shape}")
+        a = axis - lead
+        mirror = jnp.flip(inner, axis)
+        out = []
+        for i, ci in enumerate(lat.c):
+            src = mirror[lat.opp[i]]  # (*spatial): spatial axis t is array axis t here
+            for t, s in enumerate(ci):
+                if t != a:
+                    src = _shift_edge(src, t, s)
+            out.append(src)
+        return jnp.stack(out, axis=0)
+
+
+@dataclass(frozen=True)
+class WallFlag:
+    """Halo fill of the ``wall`` field: ``value`` (1 at moving walls, 0 at resting ones)."""
+
+    value: int
+    periodic = False
+
+    def fill(self, inner: jax.Array, axis: int, side: int) -> jax.Array:
+        return jnp.full(inner.shape, self.value, inner.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------
+def equilibrium(lattice: Lattice, rho, u) -> list:
+    """Second-order equilibrium ``f_i^eq = w_i rho (1 + 3 c.u + 4.5 (c.u)^2 - 1.5 u.u)``.
+
+    Args:
+      lattice: the velocity set.
+      rho: density, any shape ``S`` (lattice units).
+      u: ``d`` velocity components, each shape ``S`` (lattice units).
+
+    Returns:
+      ``Q`` arrays of shape ``S``.
+    """
+    usq = sum(ua * ua for ua in u)
+    base = 1 - 1.5 * usq
+    out = []
+    for ci, wi in zip(lattice.c, lattice.w, strict=True):
+        cu = _dot(ci, u)
+        if cu is None:
+            out.append(wi * rho * base)
+        else:
+            out.append(wi * rho * (base + cu * (3 + 4.5 * cu)))
+    return out
+
+
+def _dot(ci, u):
+    """``c_i . u`` for an integer velocity, without multiplications (None when ``c_i == 0``)."""
+    out = None
+    for ca, ua in zip(ci, u, strict=True):
+        if ca == 0:
+            continue
+        term = ua if ca > 0 else -ua
+        out = term if out is None else out + term
+    return out
+
+
+def moments(lattice: Lattice, f: list):
+    """Density and velocity ``(rho, [u_x, u_y, ...])`` from ``Q`` population arrays."""
+    rho = f[0]
+    for fi in f[1:]:
+        rho = rho + fi
+    mom = []
+    for a in range(lattice.d):
+        m = None
+        for ci, fi in zip(lattice.c, f, strict=True):
+            if ci[a] == 0:
+                continue
+            m = (fi if ci[a] > 0 else -fi) if m is None else (m + fi if ci[a] > 0 else m - fi)
+        mom.append(m)
+    inv = 1 / rho
+    return rho, [m * inv for m in mom]
+
+
+def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
+    """The BGK lattice Boltzmann model.
+
+    Args:
+      lattice: ``D2Q9`` (2-D) or ``D3Q19`` (3-D).
+      bcs: per spatial axis ``(lower, upper)``, each ``boundary.Periodic()``, or
+        :class:`BounceBack` (a resting wall) or ``"lid"`` (a moving wall) -- the populations'
+        conditions are derived from these.
+
+    Returns:
+      A ``GridModel`` named ``lbm`` with radius 1, field ``f`` ``(Q, *shape)`` (post-collision
+      populations, lattice units) and, when a wall moves, field ``wall`` ``(*shape)`` uint8
+      (0 everywhere; see module docstring). Params (array leaves, state dtype): ``viscosity``
+      (nu, lattice units; ``tau = 3 nu + 1/2``), ``u_wall`` ``(d,)`` (velocity of the moving
+      walls, lattice units), ``rho0`` (density used in the moving-wall term).
+    """
+    d = lattice.d
+    if len(bcs) != d:
+        raise ValueError(f"{lattice.name} needs {d} axes of boundary conditions, got {len(bcs)}")
+    moving = any(b == "lid" for pair in bcs for b in pair)
+    f_bcs, w_bcs = [], []
+    for lo, hi in bcs:
+        pair_f, pair_w = [], []
+        for b in (lo, hi):
+            if b == "lid" or isinstance(b, BounceBack):
+                pair_f.append(BounceBack(lattice))
+                pair_w.append(WallFlag(1 if b == "lid" else 0))
+            elif getattr(b, "periodic", False):
+                pair_f.append(boundary.Periodic())
+                pair_w.append(boundary.Periodic())
+            else:
+                raise ValueError(f"unsupported LBM boundary {b!r}")
+        f_bcs.append(tuple(pair_f))
+        w_bcs.append(tuple(pair_w))
+    model_bcs = {"f": tuple(f_bcs)}
+    if moving:
+        model_bcs["wall"] = tuple(w_bcs)
+    weights, vels = lattice.w, lattice.c
+
+    def update(state, params):
+        fp = state["f"]  # (Q, n + 2k, ...), post-collision
+        dtype = fp.dtype
+        if moving:
+            wall = state["wall"]
+            uw = params["u_wall"]
+            scale = 6 * params["rho0"]  # 2 rho0 / c_s^2
+        pulled = []
+        for i, ci in enumerate(vels):
+            back = tuple(-a for a in ci)
+            fi = stencils.shifted(fp[i], back, d)  # f*_i(x - c_i)
+            if moving and any(ci):
+                cu = sum(uw[a] * ca for a, ca in enumerate(ci) if ca)
+                fi = fi + stencils.shifted(wall, back, d).astype(dtype) * (scale * weights[i] * cu)
+            pulled.append(fi)
+        rho, u = moments(lattice, pulled)
+        feq = equilibrium(lattice, rho, u)
+        omega = 1 / (3 * params["viscosity"] + 0.5)
+        out = jnp.stack([fi + omega * (fe - fi) for fi, fe in zip(pulled, feq, strict=True)], axis=0)
+        new = {"f": out}
+        if moving:
+            new["wall"] = stencils.crop(wall, 1, d)
+        return new
+
+    def local_sums(state, params):
+        f = [stencils.crop(state["f"][i], 1, d) for i in range(lattice.q)]
+        rho, u = moments(lattice, f)
+        return {
+            "mass": jnp.sum(rho),
+            "kinetic_energy": 0.5 * jnp.sum(rho * sum(ua * ua for ua in u)),
+        }
+
+    units = {"f": "1", "wall": "1", "rho": "1"}
+    units.update({f"u{AXES[a]}": "length/time" for a in range(d)})
+    long_names = {
+        "f": f"post-collision {lattice.name} populations (lattice units)",
+        "wall": "moving-wall flag (halo only; 0 in the fluid)",
+        "rho": "density (lattice units)",
+    }
+    long_names.update({f"u{AXES[a]}": f"{AXES[a]} velocity (lattice units)" for a in range(d)})
+    return GridModel(
+        name="lbm",
+        ndim=d,
+        radius=1,
+        bcs=model_bcs,
+        update=update,
+        local_sums=local_sums,
+        units=units,
+        long_names=long_names,
+    )
+
+
+def make_params(dtype, viscosity: float, u_wall=None, rho0: float = 1.0, d: int = 2) -> dict:
+    """Params in the state dtype.
+
+    Args:
+      dtype: ``"float32"`` or ``"float64"``.
+      viscosity: kinematic viscosity nu (lattice units, > 0).
+      u_wall: velocity of moving walls, ``d`` values (lattice units); default zero.
+      rho0: reference density of the moving-wall term (lattice units).
+      d: number of spatial axes.
+    """
+    dt_ = np.dtype(dtype)
+    uw = np.zeros(d) if u_wall is None else np.asarray(u_wall, float)
+    return {
+        "viscosity": jnp.asarray(viscosity, dt_),
+        "u_wall": jnp.asarray(uw, dt_),
+        "rho0": jnp.asarray(rho0, dt_),
+    }
+
+
+def tau_from_viscosity(nu: float) -> float:
+    return 3 * nu + 0.5
+
+
+def init_state(model: GridModel, lattice: Lattice, rho, u, dtype) -> dict:
+    """Equilibrium populations for given density and velocity (host arrays).
+
+    Args:
+      rho: ``(*shape)`` density (lattice units).
+      u: ``d`` arrays ``(*shape)``, velocity (lattice units).
+      dtype: state dtype.
+
+    Returns:
+      ``{"f": (Q, *shape)[, "wall": (*shape) uint8]}``.
+    """
+    rho = np.asarray(rho, np.float64)
+    u = [np.broadcast_to(np.asarray(ua, np.float64), rho.shape) for ua in u]
+    f = np.stack(equilibrium(lattice, rho, u)).astype(dtype)
+    state = {"f": f}
+    if "wall" in model.bcs:
+        state["wall"] = np.zeros(rho.shape, np.uint8)
+    return state
+
+
+# --------------------------------------------------------------------------------------------
+# Derived output fields (host side)
+# --------------------------------------------------------------------------------------------
+def host_moments(lattice: Lattice, f: np.ndarray):
+    """``(rho, [u_x, u_y, ...])`` from host populations ``(Q, *shape)``, float64, each ``(*shape)``.
+
+    The stored populations are post-collision; BGK conserves mass and momentum, so these are
+    the density and velocity of the step (lattice units).
+    """
+    f = np.asarray(f, np.float64)
+    rho = f.sum(axis=0)
+    c = np.asarray(lattice.c, np.float64)  # (Q, d)
+    mom = np.tensordot(c.T, f, axes=(1, 0))  # (d, *shape)
+    return rho, [m / rho for m in mom]
+
+
+def output_fields(lattice: Lattice) -> dict:
+    """``name -> fn(host_state) -> (*shape) array`` for ``rho``, ``ux``, ``uy``[, ``uz``].
+
+    Each function takes the host state (``{"f": (Q, *shape), ...}``) and returns a float array
+    of the spatial shape ``(nx, ny[, nz])`` in the dtype of ``f``: density (lattice units) and
+    velocity components (lattice units = length/time of the output, see module docstring).
+    """
+
+    def rho(state):
+        f = state["f"]
+        return host_moments(lattice, f)[0].astype(f.dtype)
+
+    def vel(a):
+        def fn(state):
+            f = state["f"]
+            return host_moments(lattice, f)[1][a].astype(f.dtype)
+
+        return fn
+
+    out = {"rho": rho}
+    for a in range(lattice.d):
+        out[f"u{AXES[a]}"] = vel(a)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SteadyCriterion:
+    """Stop a run when ``max|u(t) - u(t - every)| / u_ref < tol`` (``tol = 0``: never)."""
+
+    tol: float
+    every: int
+    u_ref: float
+
+
+def walls_from_config(cfg: Section, ndim: int) -> tuple:
+    """Per axis ``(lower, upper)`` from ``[boundary]``: ``"periodic"``, ``"wall"`` or ``"lid"``.
+
+    Returns a tuple of pairs of ``boundary.Periodic()``, ``"wall"`` or ``"lid"``.
+    """
+    b = cfg.section("boundary")
+    out = []
+
+    def one(spec, key):
+        if spec not in WALL_KINDS:
+            raise ConfigError(key, f"must be one of {', '.join(map(repr, WALL_KINDS))}, got {spec!r}")
+        return boundary.Periodic() if spec == "periodic" else spec
+
+    for a in range(ndim):
+        name = AXES[a]
+        spec = b.get(name, "periodic", kind=object)
+        key = b.key(name)
+        if isinstance(spec, dict):
+            extra = set(spec) - {"lower", "upper"}
+            if extra:
+                raise ConfigError(key, f"unknown entries {sorted(extra)}; allowed: lower, upper")
+            lo = one(spec.get("lower", "periodic"), key + ".lower")
+            hi = one(spec.get("upper", "periodic"), key + ".upper")
+            if (lo == "periodic" or isinstance(lo, boundary.Periodic)) != isinstance(hi, boundary.Periodic):
+                raise ConfigError(key, "periodic must be set on both sides (lower and upper) or neither")
+        else:
+            lo = hi = one(spec, key)
+        if "lid" in (lo, hi) and a == 0:
+            raise ConfigError(key, "the lid moves along +x, so it must be a wall normal to y or z, not x")
+        out.append((lo, hi))
+    for extra in b.data:
+        if extra not in AXES[:ndim]:
+            b.get(extra, kind=object)
+            raise ConfigError(b.key(extra), f"unknown axis; a {ndim}-D grid has axes {', '.join(AXES[:ndim])}")
+    return tuple(out)
+
+
+def _model_bcs(walls, lattice: Lattice) -> tuple:
+    """``"periodic"``/``Periodic()``, ``"wall"``, ``"lid"`` -> what :func:`make_model` takes."""
+
+    def one(b):
+        if b == "periodic" or isinstance(b, boundary.Periodic):
+            return boundary.Periodic()
+        if b == "lid":
+            return "lid"
+        if b == "wall":
+            return BounceBack(lattice)
+        raise ValueError(f"unknown LBM boundary {b!r}; use 'periodic', 'wall' or 'lid'")
+
+    return tuple((one(lo), one(hi)) for lo, hi in walls)
+
+
+def from_config(cfg: Section) -> GridSetup:
+    """Read an ``lbm`` config (see module docstring) into a ``GridSetup``.
+
+    The setup also carries ``setup.steady`` (a :class:`SteadyCriterion`) and
+    ``setup.lattice``; ``setup.output`` gives ``rho``, ``ux``, ``uy``[, ``uz``] as arrays of the
+    spatial shape ``(nx, ny[, nz])`` (see :func:`output_fields`).
+
+    Raises:
+      ConfigError: non-cubic cells, a lattice that does not match the grid, an unstable or
+        too compressible setting (``tau <= 0.5``, ``u_lid > 0.1``), naming the key.
+    """
+    domain = domain_from_config(cfg)
+    d = domain.ndim
+    g = cfg.section("grid")
+    if not np.allclose(domain.dx, domain.dx[0], rtol=1e-12):
+        raise ConfigError(
+            g.key("length"),
+            f"lattice Boltzmann needs cubic cells (length / shape equal on every axis); dx = {domain.dx}",
+        )
+    walls = walls_from_config(cfg, d)
+    ph = cfg.section("physics")
+    name = ph.get("lattice", "D2Q9" if d == 2 else "D3Q19", kind=str, choices=tuple(LATTICES))
+    lattice = LATTICES[name]
+    if lattice.d != d:
+        raise ConfigError(ph.key("lattice"), f"{name} is {lattice.d}-D but grid.shape is {d}-D; use "
+                          f"{'D2Q9' if d == 2 else 'D3Q19'}")
+    has_lid = any(b == "lid" for pair in walls for b in pair)
+    u_lid = ph.get("u_lid", 0.1 if has_lid else 0.0, min=0.0, max=MAX_LID_SPEED)
+    rho0 = ph.get("rho0", 1.0, min=0.0, exclusive_min=True)
+    given = [k for k in ("reynolds", "viscosity", "tau") if k in ph]
+    if len(given) != 1:
+        raise ConfigError(
+            ph.key("reynolds"),
+            "set exactly one of physics.reynolds (Re = u_lid * nx / nu), physics.viscosity (nu, "
+            f"lattice units) or physics.tau (> 0.5); got {', '.join(given) or 'none'}",
+        )
+    key = ph.key(given[0])
+    if given[0] == "reynolds":
+        re = ph.get("reynolds", min=0.0, exclusive_min=True)
+        if u_lid == 0:
+            raise ConfigError(key, "physics.reynolds needs physics.u_lid > 0; set physics.viscosity instead")
+        nu = u_lid * domain.shape[0] / re
+    elif given[0] == "viscosity":
+        nu = ph.get("viscosity", min=0.0, exclusive_min=True)
+    else:
+        nu = (ph.get("tau") - 0.5) / 3
+    tau = tau_from_viscosity(nu)
+    if tau <= 0.5 + 1e-12:
+        raise ConfigError(key, f"gives tau = {tau:.6g}; BGK needs tau > 0.5 (viscosity > 0)")
+    if tau < 0.5 + 1e-3:
+        raise ConfigError(
+            key,
+            f"gives tau = {tau:.6g}, too close to 0.5 to be stable (allowed: tau >= 0.501, nu >= 3.3e-4 "
+            "lattice units); use more cells (grid.shape) or a lower Reynolds number",
+        )
+    ini = cfg.section("initial")
+    kind = ini.get("kind", "rest", kind=str, choices=("rest", "shear_wave"))
+    shape = domain.shape
+    rho = np.full(shape, rho0)
+    u = [np.zeros(shape) for _ in range(d)]
+    if kind == "shear_wave":
+        amp = ini.get("amplitude", 0.01, min=-MAX_LID_SPEED, max=MAX_LID_SPEED)
+        mode = ini.get("mode", 1, kind=int, min=1)
+        y = np.arange(shape[1]) + 0.5
+        u[0] = np.broadcast_to(amp * np.sin(2 * np.pi * mode * y / shape[1]).reshape(1, -1, *([1] * (d - 2))),
+                               shape).copy()
+    st = cfg.section("steady")
+    tol = st.get("tol", 0.0, min=0.0)
+    every = st.get("every", 1000, kind=int, min=1)
+    model = make_model(lattice, _model_bcs(walls, lattice))
+    u_wall = [u_lid] + [0.0] * (d - 1)
+    setup = GridSetup(
+        model=model,
+        domain=domain,
+        params=make_params(domain.dtype, nu, u_wall, rho0, d),
+        state=init_state(model, lattice, rho, u, domain.dtype),
+        dt=float(domain.dx[0]),
+        output=output_fields(lattice),
+    )
+    setup.lattice = lattice
+    setup.steady = SteadyCriterion(tol, every, u_lid if u_lid > 0 else 1.0)
+    return setup
+
+
+def lattice_setup(
+    shape,
+    *,
+    walls,
+    viscosity: float,
+    u_lid: float = 0.0,
+    rho0: float = 1.0,
+    dtype: str = "float64",
+    u0=None,
+) -> GridSetup:
+    """A setup without a config file (tests, benchmarks).
+
+    Args:
+      shape: cells per axis; 2 entries give D2Q9, 3 give D3Q19.
+      walls: per axis ``(lower, upper)`` of ``"periodic"``, ``"wall"`` or ``"lid"``.
+      viscosity: nu (lattice units).
+      u_lid: lid speed along +x (lattice units).
+      rho0: density (lattice units).
+      dtype: state dtype.
+      u0: optional initial velocity, ``d`` arrays ``(*shape)`` (lattice units).
+    """
+    d = len(shape)
+    lattice = D2Q9 if d == 2 else D3Q19
+    model = make_model(lattice, _model_bcs(walls, lattice))
+    u = u0 if u0 is not None else [np.zeros(shape)] * d
+    domain = Domain(tuple(shape), tuple(float(n) for n in shape), dtype)
+    setup = GridSetup(
+        model=model,
+        domain=domain,
+        params=make_params(dtype, viscosity, [u_lid] + [0.0] * (d - 1), rho0, d),
+        state=init_state(model, lattice, np.full(shape, rho0), u, dtype),
+        dt=1.0,
+        output=output_fields(lattice),
+    )
+    setup.lattice = lattice
+    return setup

@@ -1,0 +1,318 @@
+"""H5MD 1.1 trajectories (writer and reader) for particle runs.
+
+Layout (../shared/reference/HDF5_FORMATS.md, section 1; DESIGN.md "CONTRACT: files"):
+
+```
+/h5md                      version = [1, 1]; author/name; creator/name, version
+/particles/trajectory      the only particles group (MDAnalysis reads this name)
+    box                    dimension = 3, boundary = ["periodic" | "none"] * 3
+    box/edges/{value [T,3], step, time}         time-dependent (MDAnalysis needs it)
+    position/{value [T,N,3], step [T] int64, time [T] float64}
+    velocity/{value [T,N,3], step, time}        optional
+    force/{value [T,N,3], step, time}           optional
+    mass [N], species [N] int32                 time-independent
+/observables/<name>/{value [T], step, time}     every frame: temperature, pressure, and
+                                                potential/kinetic/total energy per atom
+/parameters                run metadata attributes (config TOML text, versions, engine,
+                           mesh, dtype, seed, ...) and ``unit_system``
+/parameters/rng_key/{value [T,2] uint32, step, time}   Langevin key per frame (optional)
+```
+
+``step``/``time`` of every element are hard links to ``position``'s. Values are stored in
+the run's dtype (float64 runs are continued bit for bit from a file).
+
+Units (decision): simpar works in Lennard-Jones reduced units (sigma, tau, epsilon, m),
+for which neither H5MD nor MDAnalysis has a name, and MDAnalysis refuses a file without
+``unit`` attributes unless called with extra arguments. We therefore write ``unit``
+attributes as vlen ``str`` naming MDAnalysis's *base* units, ``"A"``, ``"ps"``,
+``"A ps-1"`` and ``"kJ mol-1 Angstrom-1"``, for which MDAnalysis applies no conversion:
+``MDAnalysis.Universe(path)`` opens the file and returns exactly the stored reduced
+numbers. The labels mean 1 sigma, 1 tau and 1 epsilon / sigma; ``/parameters`` carries
+``unit_system = "lj"`` and each value carries ``reduced_unit`` (e.g. ``"sigma"``) so no
+one mistakes them for real Angstrom.
+
+Crash safety: a frame is appended to every element first, then ``step`` and ``time`` are
+written last (the commit marker) and the file is flushed, so a killed run leaves a
+readable file with every completed frame. Default libver (not "latest").
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Mapping, Sequence
+
+import h5py
+import numpy as np
+
+import simpar
+
+UNITS = {
+    "position": ("A", "sigma"),
+    "velocity": ("A ps-1", "sigma tau-1"),
+    "force": ("kJ mol-1 Angstrom-1", "epsilon sigma-1"),
+    "edges": ("A", "sigma"),
+    "time": ("ps", "tau"),
+}
+OBS_UNITS = {
+    "temperature": "epsilon k_B-1",
+    "potential_energy": "epsilon (per atom)",
+    "kinetic_energy": "epsilon (per atom)",
+    "total_energy": "epsilon (per atom)",
+    "pressure": "epsilon sigma-3",
+}
+
+
+def _attr(value):
+    """Attribute value as h5py wants it (str stays vlen str, lists become arrays)."""
+    if isinstance(value, str | np.ndarray | np.generic | int | float | bool):
+        return value
+    if isinstance(value, Sequence):
+        return np.asarray(value)
+    return str(value)
+
+
+class H5MDWriter:
+    """Append-only H5MD 1.1 writer (one frame per ``append``, flushed each time).
+
+    Args:
+      path: output file (``.h5md``); overwritten.
+      n_atoms: number of particles N.
+      boundary: ``"periodic"`` or ``"none"`` per axis.
+      dtype: float dtype of position/velocity/force/box values.
+      velocity, force: whether those elements are written.
+      observables: names of scalar observables written each frame.
+      rng_key: whether ``/parameters/rng_key`` is written each frame.
+      mass: float[N] masses (optional), species: int[N] (default zeros).
+      attrs: run metadata written as ``/parameters`` attributes.
+      chunk_frames: frames per chunk of step/time/observables datasets.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        n_atoms: int,
+        *,
+        boundary: Sequence[str] = ("periodic",) * 3,
+        dtype="float64",
+        velocity: bool = True,
+        force: bool = False,
+        observables: Sequence[str] = (),
+        rng_key: bool = False,
+        mass=None,
+        species=None,
+        attrs: Mapping[str, object] | None = None,
+        chunk_frames: int = 256,
+    ):
+        self.path = os.fspath(path)
+        self.n = int(n_atoms)
+        self.dtype = np.dtype(dtype)
+        self.frames = 0
+        f = self.file = h5py.File(self.path, "w")
+        h = f.create_group("h5md")
+        h.attrs["version"] = np.array([1, 1], np.int32)
+        try:
+            user = getpass.getuser()
+        except Exception:  # no passwd entry in some containers
+            user = "unknown"
+        f.create_group("h5md/author").attrs["name"] = user
+        c = f.create_group("h5md/creator")
+        c.attrs["name"] = "simpar"
+        c.attrs["version"] = simpar.__version__
+        g = self.group = f.create_group("particles/trajectory")
+        box = g.create_group("box")
+        box.attrs["dimension"] = np.int32(3)
+        box.attrs["boundary"] = [str(b) for b in boundary]
+        n = self.n
+        self.elements: dict[str, h5py.Dataset] = {}
+        pos = g.create_group("position")
+        self._value(pos, "position", (n, 3), self.dtype, UNITS["position"])
+        self.step = pos.create_dataset(
+            "step", (0,), maxshape=(None,), chunks=(chunk_frames,), dtype="i8"
+        )
+        self.time = pos.create_dataset(
+            "time", (0,), maxshape=(None,), chunks=(chunk_frames,), dtype="f8"
+        )
+        self.time.attrs["unit"] = UNITS["time"][0]
+        self.time.attrs["reduced_unit"] = UNITS["time"][1]
+        self._link(pos)
+        if velocity:
+            self._element(g, "velocity", (n, 3), self.dtype, UNITS["velocity"])
+        if force:
+            self._element(g, "force", (n, 3), self.dtype, UNITS["force"])
+        self._element(box, "edges", (3,), self.dtype, UNITS["edges"])
+        obs = f.create_group("observables")
+        for name in observables:
+            self._element(obs, name, (), "f8", ("", OBS_UNITS.get(name, "")))
+        params = f.create_group("parameters")
+        params.attrs["unit_system"] = "lj"
+        for key, value in (attrs or {}).items():
+            params.attrs[key] = _attr(value)
+        if rng_key:
+            self._element(params, "rng_key", (2,), "u4", ("", ""))
+        if mass is not None:
+            g.create_dataset("mass", data=np.asarray(mass, self.dtype))
+        sp = np.zeros(n, np.int32) if species is None else np.asarray(species, np.int32)
+        g.create_dataset("species", data=sp)
+        f.flush()
+
+    def _value(self, group, name, shape, dtype, units, chunk=None):
+        chunks = (1,) + shape if shape else (256,)
+        v = group.create_dataset(
+            "value", (0,) + shape, maxshape=(None,) + shape, chunks=chunks, dtype=dtype
+        )
+        unit, reduced = units
+        if unit:
+            v.attrs["unit"] = unit  # vlen str: MDAnalysis compares with Python str
+        if reduced:
+            v.attrs["reduced_unit"] = reduced
+        self.elements[name] = v
+        return v
+
+    def _element(self, parent, name, shape, dtype, units):
+        grp = parent.create_group(name)
+        self._value(grp, name, shape, dtype, units)
+        self._link(grp)
+
+    def _link(self, grp):
+        if "step" not in grp:
+            grp["step"] = self.step  # hard links (H5MD: shared step/time)
+            grp["time"] = self.time
+
+    def append(
+        self,
+        step: int,
+        time: float,
+        position,
+        *,
+        box,
+        velocity=None,
+        force=None,
+        observables: Mapping[str, float] | None = None,
+        rng_key=None,
+    ) -> None:
+        """Write one frame; ``step``/``time`` last, then flush.
+
+        Args:
+          step: integer time step; time: simulation time (tau).
+          position: float[N, 3]; velocity, force: float[N, 3] when enabled.
+          box: float[3] edge lengths (sigma).
+          observables: scalar values for every observable named at construction.
+          rng_key: uint32[2] when enabled.
+        """
+        k = self.frames
+        data = {"position": position, "edges": box, "velocity": velocity, "force": force}
+        data.update(observables or {})
+        if "rng_key" in self.elements:
+            data["rng_key"] = rng_key
+        for name, ds in self.elements.items():
+            value = data.get(name)
+            if value is None:
+                raise ValueError(f"frame {k}: no value given for H5MD element {name!r}")
+            value = np.asarray(value, ds.dtype)
+            if value.shape != ds.shape[1:]:
+                raise ValueError(f"{name}: shape {value.shape}, expected {ds.shape[1:]}")
+            ds.resize(k + 1, axis=0)
+            ds[k] = value
+        self.step.resize(k + 1, axis=0)
+        self.time.resize(k + 1, axis=0)
+        self.step[k] = int(step)
+        self.time[k] = float(time)
+        self.frames = k + 1
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+            self.file = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _particles_group(f: h5py.File, group: str | None):
+    parts = f.get("particles")
+    if parts is None or not len(parts):
+        raise ValueError(f"{f.filename}: no /particles group (not an H5MD file?)")
+    if group is None:
+        group = "trajectory" if "trajectory" in parts else sorted(parts)[0]
+    if group not in parts:
+        raise ValueError(f"{f.filename}: no particles group {group!r} ({sorted(parts)})")
+    return parts[group]
+
+
+def _frame_of(element, frame):
+    value = element["value"] if isinstance(element, h5py.Group) else element
+    if isinstance(element, h5py.Group):  # time-dependent
+        return np.asarray(value[frame])
+    return np.asarray(value[()])
+
+
+def n_frames(path: str | os.PathLike, group: str | None = None) -> int:
+    """Number of complete frames (frames whose ``step`` was written)."""
+    with h5py.File(path, "r") as f:
+        pos = _particles_group(f, group)["position"]
+        return min(pos["value"].shape[0], pos["step"].shape[0])
+
+
+def read_frame(path: str | os.PathLike, frame: int = -1, group: str | None = None) -> dict:
+    """One frame of an H5MD file (ours or another code's), as NumPy arrays.
+
+    Args:
+      path: the file.
+      frame: frame index (negative counts from the last complete frame).
+      group: particles group (default ``trajectory``, else the first one).
+
+    Returns:
+      dict with ``position`` [N,3], ``velocity`` [N,3] or None, ``force`` or None,
+      ``box`` [3] (None without edges), ``boundary`` (list of str), ``step`` (int),
+      ``time`` (float), ``mass`` [N] or None, ``rng_key`` uint32[2] or None, and
+      ``observables`` (dict of floats at that frame). Values are not unit-converted.
+
+    Raises:
+      ValueError: the file has no particles group, no position, or not that frame.
+    """
+    with h5py.File(path, "r") as f:
+        g = _particles_group(f, group)
+        if "position" not in g:
+            raise ValueError(f"{path}: no position element in {g.name}")
+        pos = g["position"]
+        total = min(pos["value"].shape[0], pos["step"].shape[0])
+        if total == 0:
+            raise ValueError(f"{path}: no complete frame")
+        k = frame + total if frame < 0 else frame
+        if not 0 <= k < total:
+            raise ValueError(f"{path}: frame {frame} out of range (file has {total})")
+        out = {
+            "position": np.asarray(pos["value"][k]),
+            "step": int(pos["step"][k]) if pos["step"].ndim else int(pos["step"][()]),
+            "n_frames": total,
+        }
+        t = pos["time"]
+        out["time"] = float(t[k]) if t.ndim else float(t[()]) * out["step"]
+        for name in ("velocity", "force"):
+            out[name] = np.asarray(g[name]["value"][k]) if name in g else None
+        box = g.get("box")
+        boundary = ["periodic"] * 3
+        out["box"] = None
+        if box is not None:
+            b = box.attrs.get("boundary", boundary)
+            boundary = [x.decode() if isinstance(x, bytes) else str(x) for x in b]
+            if "edges" in box:
+                edges = _frame_of(box["edges"], k)
+                out["box"] = np.diag(edges) if edges.ndim == 2 else edges
+        out["boundary"] = boundary
+        out["mass"] = np.asarray(g["mass"][()]) if "mass" in g else None
+        params = f.get("parameters")
+        key = params.get("rng_key") if params is not None else None
+        out["rng_key"] = np.asarray(key["value"][k]) if key is not None else None
+        obs = {}
+        for name, el in f.get("observables", {}).items():
+            if isinstance(el, h5py.Group) and "value" in el and el["value"].ndim == 1:
+                if el["value"].shape[0] > k:
+                    obs[name] = float(el["value"][k])
+        out["observables"] = obs
+        return out

@@ -1,0 +1,344 @@
+"""The Lennard-Jones (or Morse) molecular-dynamics model: state, chunked run, host loop.
+
+Contract:
+  * ``MDState`` is a pytree of fixed-capacity particle buffers (leading axis N = capacity)
+    with a validity mask, plus the step counter, the random key and the last pair energy
+    and virial. Changing N or the neighbour capacities recompiles.
+  * ``MDParams`` holds what a user may sweep or differentiate (``dt``, ``kt``, ``gamma``) as
+    array leaves of the state dtype.
+  * ``run_chunk`` (jitted) advances ``n`` steps inside one ``lax.while_loop``; the neighbour
+    list is rebuilt inside the loop (``lax.cond``) whenever a particle moved more than half
+    the skin, and the loop stops early once a capacity overflowed.
+  * ``Simulation`` is the host loop: it runs chunks, and when the neighbour list reports an
+    overflow it regrows the capacities and redoes the chunk from its saved start state,
+    so no interaction is ever dropped.
+
+The same jitted code runs on ``single`` (arrays on one device) and ``sharded`` (particle
+arrays placed with ``NamedSharding`` over a 1-D mesh with ``AxisType.Auto``; XLA partitions
+the computation). ``shard_particles`` is the only device-aware helper here and holds no
+collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simpar.particles import integrate, neighbors, observables
+from simpar.particles.neighbors import NeighborList, NeighborSpec
+from simpar.particles.potentials import PairPotential, pair_terms
+from simpar.particles.space import Space, displacement, volume, wrap
+
+ENSEMBLES = ("nve", "langevin")
+
+
+class MDState(NamedTuple):
+    """Particle state (a pytree); N is the buffer capacity.
+
+    Attributes:
+      position: float[N, 3] (sigma), wrapped into the box when periodic.
+      velocity: float[N, 3] (sigma / tau); zero on invalid slots.
+      force: float[N, 3] (epsilon / sigma) at ``position``.
+      mass: float[N] (mass unit m).
+      valid: bool[N], occupied slots.
+      key: uint32[2], raw ``jax.random`` key (Langevin noise).
+      step: int32[], time-step counter.
+      e_pair: float[], total pair energy at ``position`` (epsilon).
+      virial: float[], total pair virial ``sum_{i<j} r_ij . f_ij`` (epsilon).
+    """
+
+    position: jax.Array
+    velocity: jax.Array
+    force: jax.Array
+    mass: jax.Array
+    valid: jax.Array
+    key: jax.Array
+    step: jax.Array
+    e_pair: jax.Array
+    virial: jax.Array
+
+
+class MDParams(NamedTuple):
+    """Run parameters (array leaves of the state dtype).
+
+    Attributes:
+      dt: time step (tau).
+      kt: Langevin temperature (epsilon); unused for NVE.
+      gamma: Langevin friction (1 / tau); unused for NVE.
+    """
+
+    dt: jax.Array
+    kt: jax.Array
+    gamma: jax.Array
+
+
+def make_params(dt: float, kt: float = 0.0, gamma: float = 0.0, dtype=jnp.float64):
+    """``MDParams`` with every leaf in ``dtype`` (a float64 run keeps dt in float64)."""
+    a = lambda x: jnp.asarray(x, dtype=dtype)  # noqa: E731
+    return MDParams(a(dt), a(kt), a(gamma))
+
+
+def pair_forces(pot: PairPotential, space: Space, r, idx):
+    """Forces, pair energy and virial from a full neighbour list.
+
+    Args:
+      pot: pair potential.
+      space: the space.
+      r: float[N, 3] positions (sigma).
+      idx: int32[N, M] neighbour indices padded with N.
+
+    Returns:
+      (force float[N, 3], e_pair scalar, virial scalar); each pair is seen twice in a
+      full list, hence the factors 1/2.
+    """
+    n = r.shape[0]
+    rp = jnp.concatenate([r, jnp.zeros((1, 3), r.dtype)])
+    dr = displacement(space, r[:, None, :], rp[idx])
+    r2 = jnp.sum(dr * dr, axis=-1)
+    e, f_over_r = pair_terms(pot, r2, idx < n)
+    force = jnp.sum(f_over_r[..., None] * dr, axis=1)
+    return force, 0.5 * jnp.sum(e), 0.5 * jnp.sum(f_over_r * r2)
+
+
+def compute_forces(spec: NeighborSpec, space: Space, pot: PairPotential, state: MDState,
+                   nbrs: NeighborList) -> MDState:  # fmt: skip
+    """``state`` with force, e_pair and virial recomputed at its positions."""
+    f, e, w = pair_forces(pot, space, state.position, nbrs.idx)
+    f = jnp.where(state.valid[:, None], f, 0.0)
+    return state._replace(force=f, e_pair=e, virial=w)
+
+
+def _step(ensemble, spec, space, pot, params, state, nbrs):
+    valid = state.valid
+
+    def force_fn(r):
+        nb = neighbors.update(spec, space, nbrs, r, valid)
+        f, e, w = pair_forces(pot, space, r, nb.idx)
+        return jnp.where(valid[:, None], f, 0.0), (nb, e, w)
+
+    shift = functools.partial(wrap, space)
+    key = state.key
+    if ensemble == "nve":
+        r, v, f, (nb, e, w) = integrate.velocity_verlet(
+            state.position, state.velocity, state.force, state.mass, params.dt,
+            force_fn, shift,
+        )  # fmt: skip
+    else:
+        r, v, f, (nb, e, w), key = integrate.langevin_baoab(
+            state.position, state.velocity, state.force, state.mass, params.dt,
+            params.gamma, params.kt, state.key, force_fn, shift,
+        )  # fmt: skip
+        v = jnp.where(valid[:, None], v, 0.0)
+        r = jnp.where(valid[:, None], r, state.position)
+    new = MDState(r, v, f, state.mass, valid, key, state.step + 1, e, w)
+    return new, nb
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotential,
+              params: MDParams, state: MDState, nbrs: NeighborList, n_steps):  # fmt: skip
+    """Advance up to ``n_steps`` steps (stops early after a neighbour overflow).
+
+    Args:
+      ensemble: static, ``"nve"`` or ``"langevin"``.
+      spec: static neighbour layout (changing it recompiles).
+      space, pot, params: pytrees of parameters.
+      state, nbrs: current state and its neighbour list.
+      n_steps: int scalar (traced: one compilation serves every chunk length).
+
+    Returns:
+      (state, nbrs) after the chunk; check ``nbrs.did_overflow`` before trusting it.
+    """
+
+    def cond(carry):
+        i, _, nb = carry
+        return (i < n_steps) & ~nb.did_overflow
+
+    def body(carry):
+        i, s, nb = carry
+        s, nb = _step(ensemble, spec, space, pot, params, s, nb)
+        return i + 1, s, nb
+
+    _, state, nbrs = jax.lax.while_loop(cond, body, (jnp.int32(0), state, nbrs))
+    return state, nbrs
+
+
+@jax.jit
+def thermo(space: Space, state: MDState) -> dict[str, jax.Array]:
+    """LAMMPS-style thermo quantities of ``state`` (see ``observables.thermo``)."""
+    return observables.thermo(
+        state.velocity, state.mass, state.valid, state.e_pair, state.virial, volume(space)
+    )
+
+
+def shard_particles(tree, n_devices: int, capacity: int):
+    """Place particle arrays (leading axis ``capacity``) over a 1-D ``Auto`` mesh.
+
+    Everything else is replicated. The unchanged jitted code then runs partitioned by
+    XLA (engine ``sharded``). The lead may move this helper to ``simpar/parallel``.
+    """
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh(
+        (n_devices,), ("particles",), axis_types=(AxisType.Auto,),
+        devices=jax.devices()[:n_devices],
+    )  # fmt: skip
+
+    def put(x):
+        if not isinstance(x, jax.Array | np.ndarray):
+            return x
+        if x.ndim >= 1 and x.shape[0] == capacity:
+            spec = PartitionSpec("particles", *([None] * (x.ndim - 1)))
+        else:
+            spec = PartitionSpec()
+        return jax.device_put(x, NamedSharding(mesh, spec))
+
+    return jax.tree.map(put, tree)
+
+
+@dataclasses.dataclass
+class Simulation:
+    """Host-side driver of an MD run (owns the static layout, regrows on overflow).
+
+    Attributes:
+      ensemble: ``"nve"`` or ``"langevin"``.
+      space, pot, params: pytrees of parameters.
+      spec: neighbour layout (regrown when the list overflows).
+      state, nbrs: current state and neighbour list.
+      capacity_factor: head-room when regrowing.
+      placement: optional function applied to (state, nbrs) after a regrow (sharding).
+      regrows: number of overflow repairs so far.
+    """
+
+    ensemble: str
+    space: Space
+    pot: PairPotential
+    params: MDParams
+    spec: NeighborSpec
+    state: MDState
+    nbrs: NeighborList
+    capacity_factor: float = 1.2
+    placement: object = None
+    regrows: int = 0
+    max_regrows: int = 10
+
+    def _rebuild(self, state):
+        nbrs = jax.jit(neighbors.build, static_argnums=0)(
+            self.spec, self.space, state.position, state.valid
+        )
+        if self.placement is not None:
+            nbrs = self.placement(nbrs)
+        return nbrs
+
+    def _repair(self, nbrs):
+        """Regrow the layout from ``nbrs.needed``; returns a list built for ``self.state``."""
+        for _ in range(self.max_regrows):
+            self.spec = neighbors.regrow(self.spec, nbrs, self.capacity_factor)
+            self.regrows += 1
+            nbrs = self._rebuild(self.state)
+            if not bool(nbrs.did_overflow):
+                return nbrs
+        raise RuntimeError(
+            f"neighbour list still overflows after {self.max_regrows} regrows "
+            f"(needed {np.asarray(nbrs.needed).tolist()})"
+        )
+
+    def advance(self, n_steps: int) -> MDState:
+        """Run ``n_steps`` steps; on overflow regrow and redo the chunk (never drops)."""
+        if bool(self.nbrs.did_overflow):
+            self.nbrs = self._repair(self.nbrs)
+        while True:
+            state, nbrs = run_chunk(
+                self.ensemble, self.spec, self.space, self.pot, self.params,
+                self.state, self.nbrs, jnp.int32(n_steps),
+            )  # fmt: skip
+            if not bool(nbrs.did_overflow):
+                break
+            self.nbrs = self._repair(nbrs)  # redo the chunk from self.state
+        self.state, self.nbrs = state, nbrs
+        return state
+
+    def thermo(self) -> dict[str, float]:
+        """Current thermo values as Python floats."""
+        return {k: float(v) for k, v in thermo(self.space, self.state).items()}
+
+
+def make_simulation(
+    space: Space,
+    pot: PairPotential,
+    position,
+    velocity,
+    *,
+    mass=1.0,
+    valid=None,
+    key=None,
+    dt: float,
+    ensemble: str = "nve",
+    kt: float = 0.0,
+    gamma: float = 0.0,
+    skin: float = 0.3,
+    step: int = 0,
+    max_neighbors: int | None = None,
+    column_capacity: int | None = None,
+    capacity_factor: float = 1.2,
+    all_pairs: bool = False,
+    placement=None,
+) -> Simulation:
+    """Set up a run: allocate the neighbour list and compute the step-0 forces.
+
+    Args:
+      space: the space; pot: the pair potential.
+      position, velocity: float[N, 3]; their dtype is the state dtype.
+      mass: scalar or float[N].
+      valid: bool[N] occupied slots (default all).
+      key: raw uint32[2] ``jax.random`` key (default ``PRNGKey(0)``).
+      dt: time step (tau).
+      ensemble: ``"nve"`` or ``"langevin"`` (then ``kt`` and ``gamma`` apply).
+      skin: Verlet skin (sigma).
+      step: initial step counter.
+      max_neighbors, column_capacity: fixed initial capacities (default: measured); too
+        small values are detected and repaired by regrowing.
+      capacity_factor: head-room when sizing / regrowing.
+      all_pairs: all-pairs candidates instead of a cell list.
+      placement: optional ``tree -> tree`` applied to every array set (sharding).
+
+    Returns:
+      A ``Simulation`` at step ``step`` with forces, energy and virial computed.
+    """
+    if ensemble not in ENSEMBLES:
+        raise ValueError(f"ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
+    position = jnp.asarray(position)
+    dtype = position.dtype
+    n = position.shape[0]
+    velocity = jnp.asarray(velocity, dtype)
+    valid = jnp.ones(n, bool) if valid is None else jnp.asarray(valid, bool)
+    mass = jnp.broadcast_to(jnp.asarray(mass, dtype), (n,))
+    key = jax.random.PRNGKey(0) if key is None else jnp.asarray(key, jnp.uint32)
+    position = wrap(space, position)
+    spec, nbrs = neighbors.allocate(
+        space, position, valid, cutoff=float(pot.cutoff), skin=skin,
+        capacity_factor=capacity_factor, max_neighbors=max_neighbors,
+        column_capacity=column_capacity, all_pairs=all_pairs,
+    )  # fmt: skip
+    zero = jnp.zeros((), dtype)
+    state = MDState(
+        position, jnp.where(valid[:, None], velocity, 0.0), jnp.zeros_like(position),
+        mass, valid, key, jnp.int32(step), zero, zero,
+    )  # fmt: skip
+    params = make_params(dt, kt, gamma, dtype)
+    if placement is not None:
+        state, nbrs, space, pot, params = placement((state, nbrs, space, pot, params))
+    sim = Simulation(
+        ensemble, space, pot, params, spec, state, nbrs, capacity_factor, placement
+    )
+    if bool(nbrs.did_overflow):
+        sim.nbrs = sim._repair(nbrs)
+    sim.state = jax.jit(compute_forces, static_argnums=0)(
+        sim.spec, space, pot, state, sim.nbrs
+    )
+    return sim

@@ -1,0 +1,355 @@
+"""Driver for particle configs (``[model] name = "lj"``): TOML -> validated run -> H5MD.
+
+Config layout (every key optional unless marked; defaults in brackets)::
+
+    name = "lj_bench"            # run name, default output data/runs/<name>.h5md ["lj"]
+    [model]
+    name = "lj"                  # required
+    [system]
+    init = "lattice"             # "lattice" | "h5md"
+    lattice = "fcc"              # "fcc" | "sc"              (init = "lattice")
+    density = 0.8442             # number density, sigma^-3   (init = "lattice")
+    cells = [20, 20, 20]         # unit cells per axis         (init = "lattice")
+    temperature = 1.44           # initial T, 3N-3 dof         (init = "lattice") [0]
+    seed = 87287                 # velocity seed               (init = "lattice") [0]
+    file = "run.h5md"            # state to continue           (init = "h5md")
+    frame = -1                   # frame of that file          (init = "h5md")
+    mass = 1.0                   # [1.0]
+    boundary = "periodic"        # "periodic" | "none"  ["periodic"; h5md: the file's]
+    dtype = "float64"            # "float32" | "float64"
+    [potential]
+    kind = "lj"                  # "lj" | "morse"
+    epsilon = 1.0                # LJ epsilon / Morse D0
+    sigma = 1.0                  # LJ sigma / Morse r0
+    alpha = 5.0                  # Morse only
+    cutoff = 2.5
+    shift = false                # shift the energy to zero at the cutoff
+    [neighbors]
+    skin = 0.3                   # rebuild when any atom moved > skin / 2
+    max_neighbors = 0            # 0: measured; a too small value is regrown
+    capacity_factor = 1.2        # head-room of measured / regrown capacities
+    [integrator]
+    ensemble = "nve"             # "nve" | "langevin"
+    temperature = 1.0            # langevin target T
+    gamma = 1.0                  # langevin friction (1/tau)
+    seed = 0                     # langevin noise seed (h5md init: the file's key)
+    [time]
+    dt = 0.005                   # required
+    steps = 100                  # required (or --steps)
+    [output]
+    every = 20                   # steps per frame (and per jitted chunk)
+    path = "data/runs/lj.h5md"
+    velocity = true
+    force = false
+    [parallel]
+    engine = "single"            # "single" | "sharded"
+    mesh = [8]                   # sharded: devices on the 1-D particle mesh [all]
+
+Everything is validated before the output file is created.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simpar.config import Section
+from simpar.errors import ConfigError, SimulationError
+from simpar.io import h5md
+from simpar.io.meta import run_metadata
+from simpar.particles import lattice, md, observables, potentials, space
+from simpar.progress import Progress
+
+ENGINES = ("single", "sharded")
+
+
+def _read(data: dict, engine, mesh, steps, out):
+    """Read and validate the whole config; returns a plain dict of settings."""
+    root = Section(data)
+    cfg: dict = {"name": root.get("name", "lj", kind=str)}
+    model = root.section("model", required=True)
+    cfg["model"] = model.get("name", kind=str, choices=("lj",))
+
+    sysc = root.section("system")
+    init = cfg["init"] = sysc.get("init", "lattice", kind=str, choices=("lattice", "h5md"))
+    cfg["dtype"] = sysc.get("dtype", "float64", kind=str, choices=("float32", "float64"))
+    cfg["mass"] = sysc.get("mass", 1.0, min=0.0, exclusive_min=True)
+    if init == "lattice":
+        cfg["lattice"] = sysc.get("lattice", "fcc", kind=str, choices=("fcc", "sc"))
+        cfg["density"] = sysc.get("density", min=0.0, exclusive_min=True)
+        cfg["cells"] = sysc.get("cells", kind=int, length=3, min=1)
+        cfg["temperature"] = sysc.get("temperature", 0.0, min=0.0)
+        cfg["seed"] = sysc.get("seed", 0, kind=int, min=0)
+        cfg["boundary"] = sysc.get(
+            "boundary", "periodic", kind=str, choices=("periodic", "none")
+        )
+    else:
+        path = sysc.get("file", kind=str)
+        cfg["frame"] = sysc.get("frame", -1, kind=int)
+        if not Path(path).is_file():
+            raise ConfigError("system.file", f"H5MD file {path!r} not found")
+        try:
+            cfg["restart"] = h5md.read_frame(path, cfg["frame"])
+        except (OSError, ValueError, KeyError) as err:
+            raise ConfigError("system.file", f"cannot read a state from {path!r}: {err}")
+        fr = cfg["restart"]
+        if fr["velocity"] is None:
+            raise ConfigError("system.file", f"{path!r} has no velocities to continue from")
+        bnd = fr["boundary"]
+        default_b = "none" if all(b == "none" for b in bnd) else "periodic"
+        cfg["boundary"] = sysc.get(
+            "boundary", default_b, kind=str, choices=("periodic", "none")
+        )
+        if fr["box"] is None and cfg["boundary"] == "periodic":
+            raise ConfigError("system.file", f"{path!r} has no box/edges for a periodic run")
+        cfg["file"] = path
+
+    pot = root.section("potential")
+    kind = cfg["kind"] = pot.get("kind", "lj", kind=str, choices=potentials.KINDS)
+    cfg["epsilon"] = pot.get("epsilon", 1.0, min=0.0, exclusive_min=True)
+    cfg["sigma"] = pot.get("sigma", 1.0, min=0.0, exclusive_min=True)
+    cfg["alpha"] = pot.get("alpha", 5.0, min=0.0, exclusive_min=True) if kind == "morse" else 0.0
+    cfg["cutoff"] = pot.get("cutoff", 2.5, min=0.0, exclusive_min=True)
+    cfg["shift"] = pot.get("shift", False, kind=bool)
+
+    nb = root.section("neighbors")
+    cfg["skin"] = nb.get("skin", 0.3, min=0.0, exclusive_min=True)
+    cfg["max_neighbors"] = nb.get("max_neighbors", 0, kind=int, min=0) or None
+    cfg["capacity_factor"] = nb.get("capacity_factor", 1.2, min=1.0)
+
+    integ = root.section("integrator")
+    ens = cfg["ensemble"] = integ.get("ensemble", "nve", kind=str, choices=md.ENSEMBLES)
+    if ens == "langevin":
+        cfg["kt"] = integ.get("temperature", min=0.0)
+        cfg["gamma"] = integ.get("gamma", 1.0, min=0.0)
+        cfg["noise_seed"] = integ.get("seed", 0, kind=int, min=0)
+    else:
+        cfg["kt"], cfg["gamma"], cfg["noise_seed"] = 0.0, 0.0, 0
+
+    tm = root.section("time")
+    cfg["dt"] = tm.get("dt", min=0.0, exclusive_min=True)
+    n_steps = tm.get("steps", None, kind=int, min=0)
+    if steps is not None:
+        if steps < 0:
+            raise ConfigError("--steps", f"must be >= 0, got {steps}")
+        n_steps = steps
+    if n_steps is None:
+        raise ConfigError("time.steps", "missing; set it in the config or with --steps N")
+    cfg["steps"] = n_steps
+
+    o = root.section("output")
+    cfg["every"] = o.get("every", max(min(n_steps, 100), 1), kind=int, min=1)
+    path = o.get("path", f"data/runs/{cfg['name']}.h5md", kind=str)
+    cfg["path"] = out if out is not None else path
+    if not cfg["path"].endswith(".h5md"):
+        key = "--out" if out is not None else "output.path"
+        raise ConfigError(key, f"must end in .h5md (MDAnalysis needs it), got {cfg['path']!r}")
+    cfg["write_velocity"] = o.get("velocity", True, kind=bool)
+    cfg["write_force"] = o.get("force", False, kind=bool)
+
+    par = root.section("parallel")
+    eng = par.get("engine", "single", kind=str)
+    eng = engine if engine is not None else eng
+    if eng not in ENGINES:
+        raise ConfigError(
+            "parallel.engine" if engine is None else "--engine",
+            f"{eng!r} is not supported for model 'lj'; supported: {', '.join(ENGINES)}",
+        )
+    cfg["engine"] = eng
+    ndev = len(jax.devices())
+    mesh_cfg = par.get("mesh", None, kind=int, length=(1,), min=1)
+    mesh = tuple(mesh) if mesh is not None else (tuple(mesh_cfg) if mesh_cfg else None)
+    if eng == "single":
+        if mesh is not None and math.prod(mesh) != 1:
+            raise ConfigError("parallel.mesh", f"engine 'single' runs on 1 device, got {mesh}")
+        mesh = (1,)
+    else:
+        mesh = mesh or (ndev,)
+        if len(mesh) != 1:
+            raise ConfigError("parallel.mesh", f"LJ uses a 1-D particle mesh, got {mesh}")
+        if mesh[0] > ndev:
+            raise ConfigError("parallel.mesh", f"{mesh[0]} devices asked, {ndev} present")
+    cfg["mesh"] = mesh
+    root.check_unused()
+    return cfg
+
+
+def _initial(cfg):
+    """Positions, velocities, box, step, key from the config (host arrays)."""
+    dtype = jnp.dtype(cfg["dtype"])
+    if cfg["init"] == "lattice":
+        r, box = lattice.cubic_lattice(cfg["lattice"], cfg["density"], cfg["cells"], dtype)
+        n = r.shape[0]
+        if n < 2:
+            raise ConfigError("system.cells", "the lattice must hold at least 2 atoms")
+        v = lattice.maxwell_boltzmann(
+            jax.random.PRNGKey(cfg["seed"]), n, cfg["temperature"], cfg["mass"], dtype=dtype
+        )
+        return np.asarray(r), np.asarray(v), np.asarray(box), 0, None
+    fr = cfg["restart"]
+    r = np.asarray(fr["position"], dtype)
+    box = fr["box"]
+    if box is None:
+        span = r.max(0) - r.min(0)
+        box = np.maximum(span, 1.0)
+    key = fr["rng_key"]
+    return r, np.asarray(fr["velocity"], dtype), np.asarray(box, dtype), fr["step"], key
+
+
+def _check_geometry(cfg, box):
+    if cfg["boundary"] == "periodic":
+        need = 2.0 * (cfg["cutoff"] + cfg["skin"])
+        if np.min(box) < need:
+            raise ConfigError(
+                "system.cells",
+                f"box edges {np.round(box, 4).tolist()} must be >= 2 * (potential.cutoff "
+                f"+ neighbors.skin) = {need:g} for the minimum image; use more cells",
+            )
+
+
+def run_config(
+    data: dict,
+    config_text: str,
+    *,
+    engine: str | None,
+    mesh: tuple[int, ...] | None,
+    steps: int | None,
+    out: str | None,
+    progress: bool = True,
+) -> dict:
+    """Run an LJ/Morse MD config and write an H5MD trajectory.
+
+    Args:
+      data: parsed TOML (``--set`` overrides applied).
+      config_text: the resolved config as TOML text (stored in the output).
+      engine: ``"single"`` or ``"sharded"`` (None: ``parallel.engine``).
+      mesh: device mesh for ``sharded`` (None: ``parallel.mesh`` or all devices).
+      steps: overrides ``time.steps``.
+      out: overrides ``output.path``.
+      progress: show a progress bar / log lines and the thermo lines.
+
+    Returns:
+      Summary dict: ``path``, ``steps``, ``n_atoms``, ``engine``, ``mesh``, ``dtype``,
+      ``wall_s``, ``atom_steps_per_s``, ``thermo0`` and ``thermo`` (step 0 and final
+      observables), ``energy_drift`` (final minus initial total energy per atom),
+      ``regrows`` and ``neighbor_builds``.
+
+    Raises:
+      ConfigError: invalid config (no output file is created).
+      SimulationError: NaN / unrepairable overflow, naming the step and what to change.
+    """
+    cfg = _read(data, engine, mesh, steps, out)
+    r, v, box, step0, key = _initial(cfg)
+    _check_geometry(cfg, box)
+    dtype = jnp.dtype(cfg["dtype"])
+    n = r.shape[0]
+    ndev = cfg["mesh"][0]
+    cap = -(-n // ndev) * ndev
+    valid = np.arange(cap) < n
+    pad = lambda x: np.concatenate([x, np.zeros((cap - n,) + x.shape[1:], x.dtype)])  # noqa: E731
+    r, v = pad(r), pad(v)
+    spc = (space.periodic if cfg["boundary"] == "periodic" else space.free)(box, dtype)
+    if cfg["kind"] == "lj":
+        pot = potentials.lennard_jones(
+            cfg["epsilon"], cfg["sigma"], cfg["cutoff"], cfg["shift"], dtype
+        )
+    else:
+        pot = potentials.morse(
+            cfg["epsilon"], cfg["alpha"], cfg["sigma"], cfg["cutoff"], cfg["shift"], dtype
+        )
+    if key is None:
+        key = jax.random.PRNGKey(cfg["noise_seed"])
+    placement = None
+    if cfg["engine"] == "sharded":
+        placement = lambda tree: md.shard_particles(tree, ndev, cap)  # noqa: E731
+    sim = md.make_simulation(
+        spc, pot, r, v, mass=cfg["mass"], valid=valid, key=key, dt=cfg["dt"],
+        ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"], skin=cfg["skin"],
+        step=step0, max_neighbors=cfg["max_neighbors"],
+        capacity_factor=cfg["capacity_factor"], placement=placement,
+    )  # fmt: skip
+    th0 = sim.thermo()
+    if not all(math.isfinite(x) for x in th0.values()):
+        raise SimulationError(step0, "non-finite energy in the initial state",
+                              "check system.* (overlapping atoms?)")  # fmt: skip
+    if progress:
+        print(observables.format_thermo(step0, th0, header=True), flush=True)
+
+    seed = cfg.get("seed") if cfg["init"] == "lattice" else None
+    attrs = run_metadata(
+        config_text, engine=cfg["engine"], mesh=cfg["mesh"], dtype=cfg["dtype"],
+        seed=seed if cfg["ensemble"] == "nve" else cfg["noise_seed"], model="lj",
+    )  # fmt: skip
+    attrs.update(dt=cfg["dt"], ensemble=cfg["ensemble"], potential=cfg["kind"],
+                 cutoff=cfg["cutoff"], skin=cfg["skin"], n_atoms=np.int64(n))  # fmt: skip
+    path = cfg["path"]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    boundary = [cfg["boundary"]] * 3
+
+    def frame(writer, th):
+        s = sim.state
+        writer.append(
+            int(s.step), float(s.step) * cfg["dt"], np.asarray(s.position)[:n],
+            box=np.asarray(box),
+            velocity=np.asarray(s.velocity)[:n] if cfg["write_velocity"] else None,
+            force=np.asarray(s.force)[:n] if cfg["write_force"] else None,
+            observables=th, rng_key=np.asarray(s.key),
+        )  # fmt: skip
+
+    t0 = time.perf_counter()
+    done = 0
+    th = th0
+    with h5md.H5MDWriter(
+        path, n, boundary=boundary, dtype=cfg["dtype"], velocity=cfg["write_velocity"],
+        force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
+        mass=np.full(n, cfg["mass"]), attrs=attrs,
+    ) as writer, Progress(cfg["steps"], enabled=progress, desc=cfg["name"]) as bar:  # fmt: skip
+        frame(writer, th0)
+        while done < cfg["steps"]:
+            k = min(cfg["every"], cfg["steps"] - done)
+            try:
+                sim.advance(k)
+            except RuntimeError as err:
+                raise SimulationError(
+                    step0 + done, f"neighbour list overflow could not be repaired ({err})",
+                    "raise neighbors.max_neighbors or check for collapsing particles",
+                    f"{path} (frame {writer.frames - 1})",
+                ) from None
+            done += k
+            th = sim.thermo()
+            if not all(math.isfinite(x) for x in th.values()) or not bool(
+                jnp.all(jnp.isfinite(sim.state.position))
+            ):
+                raise SimulationError(
+                    step0 + done, "non-finite positions or energy (the run blew up)",
+                    "reduce time.dt (or check the potential and initial state)",
+                    f"{path} (frame {writer.frames - 1})",
+                )  # fmt: skip
+            frame(writer, th)
+            bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
+    wall = time.perf_counter() - t0
+    if progress:
+        print(observables.format_thermo(step0 + done, th), flush=True)
+        print(f"wrote {path} ({writer.frames} frames) in {wall:.2f} s", file=sys.stderr)
+    return {
+        "path": os.fspath(path),
+        "steps": cfg["steps"],
+        "n_atoms": n,
+        "engine": cfg["engine"],
+        "mesh": list(cfg["mesh"]),
+        "dtype": cfg["dtype"],
+        "wall_s": wall,
+        "atom_steps_per_s": n * cfg["steps"] / wall if wall > 0 else float("nan"),
+        "thermo0": th0,
+        "thermo": th,
+        "energy_drift": th["total_energy"] - th0["total_energy"],
+        "regrows": sim.regrows,
+        "neighbor_builds": int(sim.nbrs.n_builds),
+    }
