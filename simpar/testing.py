@@ -48,7 +48,7 @@ def run_engines(model: GridModel, state: dict, params, n: int,
                 cases: Iterable[tuple[str, Sequence[int], int]]):
     """``{(engine, mesh, halo): final host state}`` plus the ``single`` reference under
     key ``("single", (1,), model.radius)``."""
-    out = {("single", (1,), model.radius): run_engine("single", model, state, params, n)[0]}
+    out = {("single", (1,), model.radius): run_engine("single", model, state, params, n, None, model.radius)[0]}
     for engine, mesh, halo in cases:
         out[(engine, tuple(mesh), halo)] = run_engine(engine, model, state, params, n, mesh, halo)[0]
     return out

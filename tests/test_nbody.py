@@ -66,6 +66,11 @@ def test_kernel_matches_numpy_double_loop(eps):
     w = nb.potential_energy(spos, smass, G, F64(eps))
     ref_w = 0.5 * np.sum(smass * _numpy_loop(spos, spos, smass, G, eps)[1])
     np.testing.assert_allclose(w, ref_w, rtol=1e-14)
+    # tiled evaluation (4 targets at a time, 7 targets: one padded block)
+    tiled = nb.accelerations(tpos, spos, smass, G, F64(eps), target_block=4)
+    np.testing.assert_allclose(tiled, ref_acc, rtol=1e-13, atol=0)
+    tiled_phi = nb.potentials(tpos, spos, smass, G, F64(eps), target_block=4)
+    np.testing.assert_allclose(tiled_phi, ref_phi, rtol=1e-13, atol=0)
 
 
 def test_kernel_antisymmetric_two_body():
@@ -123,6 +128,19 @@ def test_engine_equals_single(reference, engine, n_dev):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
     for got, want in zip(o, obs, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("engine,n_dev", [("single", 1), ("pmap", 2), ("shard_map", 4)])
+def test_tiled_kernel_engines_equal_single(reference, engine, n_dev):
+    # The CPU default tiles 64 targets at a time; N = 64 blocks never tile, so force it.
+    state, params, force0, obs0, final, obs = reference
+    eng = make_engine(engine, n_dev, target_block=5)
+    d = eng.init(state.pos, state.vel, state.mass, params)
+    scale = np.abs(force0.acc).max()
+    assert np.abs(eng.fetch(d).acc - force0.acc).max() <= FORCE_RTOL * scale
+    d, o = eng.run(d, params, 25)
+    np.testing.assert_allclose(eng.fetch(d).pos, final.pos, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(o.potential, obs.potential, rtol=1e-12)
 
 
 def test_single_engine_equals_plain_leapfrog(reference):
@@ -223,6 +241,7 @@ def _config(tmp_path, **over):
     return data
 
 
+@pytest.mark.filterwarnings("ignore:there is no reference attributes")
 def test_driver_writes_h5md(tmp_path):
     data = _config(tmp_path)
     text = dumps(data)
@@ -231,8 +250,12 @@ def test_driver_writes_h5md(tmp_path):
     assert out["energy_max_rel_error"] < 5e-4  # N = 64: measured 7e-5
     path = tmp_path / "run.h5md"
     with h5py.File(path, "r") as f:
-        assert f.attrs["run_status"] == "completed"
-        assert f.attrs["engine"] == "pmap" and f.attrs["config"] == text
+        meta = f["parameters"].attrs
+        assert meta["run_status"] == "completed" and meta["unit_system"] == "nbody"
+        assert meta["engine"] == "pmap" and meta["config"] == text
+        assert list(meta["device_mesh"]) == [2]
+        assert list(f["particles/trajectory/box"].attrs["boundary"]) == ["none"] * 3
+        np.testing.assert_allclose(f["particles/trajectory/mass"][:].sum(), 1.0)
         assert list(f["h5md"].attrs["version"]) == [1, 1]
         pos = f["particles/trajectory/position"]
         assert pos["value"].shape == (3, 64, 3)
@@ -254,11 +277,14 @@ def test_driver_writes_h5md(tmp_path):
     np.testing.assert_allclose(last, ref.pos, rtol=0, atol=1e-12)
     import MDAnalysis as mda
 
-    u = mda.Universe(str(path), n_atoms=64, convert_units=False)
-    assert u.trajectory.n_frames == 3
+    u = mda.Universe(str(path))  # no extra arguments (DESIGN.md contract)
+    assert u.trajectory.n_frames == 3 and len(u.atoms) == 64
     u.trajectory[2]
     np.testing.assert_allclose(u.atoms.positions, last, rtol=1e-6, atol=1e-6)
+    assert u.trajectory.ts.time == pytest.approx(0.2)
     np.testing.assert_allclose(u.trajectory.ts.data["total_energy"], total[2])
+    assert u.trajectory.ts.data["momentum"].shape == (3,)
+    assert u.dimensions is None  # open boundaries: no periodic box
 
 
 @pytest.mark.parametrize(
@@ -272,19 +298,30 @@ def test_driver_writes_h5md(tmp_path):
         ({}, {"engine": "pmap", "mesh": (2, 2)}, "--mesh"),
         ({}, {"engine": "warp"}, "--engine"),
         ({"output__path": "x.h5"}, {}, "output.path"),
+        ({"parallel__devices": 8}, {}, "parallel.devices"),  # engine single
+        ({"parallel__mesh": [4]}, {"engine": "pmap"}, "parallel.mesh"),  # != devices
+        ({"parallel__devices": 16}, {"engine": "pmap"}, "parallel.devices"),  # > 8
     ],
 )
 def test_driver_rejects_bad_input_before_creating_a_file(tmp_path, over, kwargs, key):
     data = _config(tmp_path, **over)
     if "output__path" in over:
         data["output"]["path"] = str(tmp_path / "x.h5")
-    args = {"engine": "", "mesh": None, "steps": None, "out": None} | kwargs
+    args = {"engine": None, "mesh": None, "steps": None, "out": None} | kwargs
     with pytest.raises(ConfigError) as err:
         run_config(data, dumps(data), progress=False, **args)
     assert err.value.key == key
     if key == "parallel.devices":
         assert "66" in str(err.value) and "4 devices" in str(err.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_driver_engine_single_from_command_line_ignores_config_devices(tmp_path):
+    data = _config(tmp_path, parallel__engine="pmap", parallel__devices=8)
+    out = run_config(
+        data, dumps(data), engine="single", mesh=None, steps=0, out=None, progress=False
+    )
+    assert (out["engine"], out["devices"], out["frames"]) == ("single", 1, 1)
 
 
 def test_driver_detects_nan(tmp_path):
@@ -294,6 +331,6 @@ def test_driver_detects_nan(tmp_path):
         run_config(data, dumps(data), engine="", mesh=None, steps=None, out=None, progress=False)
     assert err.value.step in (10, 20, 30, 40) and "time.dt" in str(err.value)
     with h5py.File(tmp_path / "run.h5md", "r") as f:
-        assert f.attrs["run_status"] == "failed"
+        assert f["parameters"].attrs["run_status"] == "failed"
         frames = f["particles/trajectory/position/step"][:]
         assert frames[0] == 0 and len(frames) == err.value.step // 10

@@ -14,9 +14,20 @@ Config keys (defaults in brackets)::
     [physics]   softening [0.0] (>= 0), G [1.0] (> 0)
     [output]    every (>= 1), path ["data/runs/nbody.h5md"] (must end in .h5md)
     [parallel]  engine ["single"], devices [1 for single, else all devices]
+                (or mesh = [n], as in other simpar configs)
 
-Units are N-body units (G = M = 1, E = -1/4 for the Plummer sphere). H5MD's units module
-cannot express them, so the file carries no ``unit`` attributes (see ``_NBodyH5MD``).
+Output: written with ``simpar.io.h5md.H5MDWriter`` (the particle writer shared with the
+LJ runs), with open boundaries (``boundary = "none"``, zero box edges), velocities, the
+masses, and observables at every frame: ``kinetic_energy``, ``potential_energy``,
+``total_energy``, ``virial_ratio`` ``[T]`` and ``momentum``, ``angular_momentum``
+``[T, 3]`` (whole-system totals). Run metadata and physics parameters are attributes of
+``/parameters`` (with ``run_status``: running / completed / failed).
+
+Units are N-body units (G = M = 1, E = -1/4 for the Plummer sphere). Following
+``simpar.io.h5md``'s convention, ``unit`` attributes name MDAnalysis's base units ("A",
+"ps"), so ``MDAnalysis.Universe(path)`` opens the file and returns the stored numbers
+unconverted; ``reduced_unit`` attributes and ``/parameters`` ``unit_system = "nbody"``
+say what they really are.
 """
 
 from __future__ import annotations
@@ -25,13 +36,12 @@ import math
 import time as _time
 from pathlib import Path
 
-import h5py
 import jax
 import numpy as np
 
-import simpar
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
+from simpar.io.h5md import H5MDWriter
 from simpar.io.meta import run_metadata
 from simpar.parallel.ring import ENGINES, check_layout, make_engine
 from simpar.particles.nbody import Observables, make_params, plummer_sphere
@@ -61,111 +71,82 @@ def _observable_values(obs: Observables) -> dict[str, np.ndarray]:
     }
 
 
-class _NBodyH5MD:
-    """Minimal H5MD 1.1 writer for a non-periodic N-body run (plain h5py).
+# N-body units written with simpar.io.h5md's labelling convention: MDAnalysis's base
+# units (no conversion on reading) as ``unit``, the real meaning as ``reduced_unit``.
+_NBODY_UNITS = {
+    "position": "N-body length (r_V = 1)",
+    "velocity": "N-body velocity",
+    "edges": "N-body length (unused: open boundaries)",
+    "kinetic_energy": "N-body energy (total, E0 = -1/4)",
+    "potential_energy": "N-body energy (total, E0 = -1/4)",
+    "total_energy": "N-body energy (total, E0 = -1/4)",
+    "virial_ratio": "dimensionless (T / |W|)",
+    "momentum": "N-body momentum (total)",
+    "angular_momentum": "N-body angular momentum (total)",
+}
+_VECTORS = ("momentum", "angular_momentum")
 
-    Layout (reference/HDF5_FORMATS.md section 1)::
 
-        /h5md (version [1, 1]), /h5md/author, /h5md/creator
-        /particles/trajectory/box         dimension=3, boundary=["none"]*3 (no edges:
-                                          allowed by H5MD for non-periodic boxes)
-        /particles/trajectory/position    value f[T,N,3], step i8[T], time f8[T]
-        /particles/trajectory/velocity    value f[T,N,3], step/time hard links
-        /particles/trajectory/mass        f[N] (time-independent)
-        /observables/<name>               value f8[T] or f8[T,3], step/time hard links
-        /parameters                       G, softening, dt, seed, n as attributes
-        root attributes                   run metadata (vlen strings), run_status
+def _open_output(path: Path, n: int, dtype: str, mass, attrs: dict) -> H5MDWriter:
+    """An H5MD writer (``simpar.io.h5md``) set up for an open-boundary N-body run.
 
-    Crash safety: one handle for the whole run; per frame the values are written first,
-    then ``step`` and ``time`` last, then the file is flushed.
-
-    Units: none. H5MD's unit strings (and MDAnalysis, which only knows MD units) cannot
-    express N-body units, so readers open the file with
-    ``MDAnalysis.Universe(path, n_atoms=N, convert_units=False)``.
+    Layout differences from an LJ run: ``boundary = "none"`` on every axis and zero box
+    edges (MDAnalysis then reports no box, so no periodic images are used); vector
+    observables ``momentum`` and ``angular_momentum`` ``[T, 3]``; ``unit_system =
+    "nbody"`` and N-body ``reduced_unit`` labels; energies are totals, not per atom.
     """
-
-    def __init__(self, path: Path, n: int, dtype: str, meta: dict, parameters: dict):
-        self.f = h5py.File(path, "w")  # default libver: readable by older HDF5
-        f = self.f
-        for key, value in meta.items():
-            f.attrs[key] = value
-        f.attrs["run_status"] = "running"
-        f.create_group("h5md").attrs["version"] = np.array([1, 1], np.int32)
-        f.create_group("h5md/author").attrs["name"] = str(meta.get("author", "unknown"))
-        creator = f.create_group("h5md/creator")
-        creator.attrs["name"] = "simpar"
-        creator.attrs["version"] = simpar.__version__
-        traj = f.create_group("particles/trajectory")
-        box = traj.create_group("box")
-        box.attrs["dimension"] = np.int32(3)
-        box.attrs["boundary"] = ["none"] * 3
-        self.pos = self._element(traj, "position", (n, 3), dtype)
-        self.step = self.pos.create_dataset(
-            "step", (0,), maxshape=(None,), chunks=(1024,), dtype="i8"
+    writer = H5MDWriter(
+        path,
+        n,
+        boundary=("none",) * 3,
+        dtype=dtype,
+        velocity=True,
+        observables=[o for o in _OBSERVABLES if o not in _VECTORS],
+        mass=mass,
+        attrs=attrs,
+    )
+    obs = writer.file["observables"]
+    for name in _VECTORS:
+        grp = obs.create_group(name)
+        writer.elements[name] = grp.create_dataset(
+            "value", (0, 3), maxshape=(None, 3), chunks=(256, 3), dtype="f8"
         )
-        self.time = self.pos.create_dataset(
-            "time", (0,), maxshape=(None,), chunks=(1024,), dtype="f8"
-        )
-        self.vel = self._element(traj, "velocity", (n, 3), dtype)
-        self._link(self.vel)
-        self.mass = traj.create_dataset("mass", (n,), dtype=dtype)
-        obs = f.create_group("observables")
-        self.obs = {}
-        for name in _OBSERVABLES:
-            shape = (3,) if name in ("momentum", "angular_momentum") else ()
-            self.obs[name] = self._element(obs, name, shape, "f8")
-            self._link(self.obs[name])
-        params = f.create_group("parameters")
-        for key, value in parameters.items():
-            params.attrs[key] = value
-        self.frames = 0
-        f.flush()
-
-    @staticmethod
-    def _element(parent, name, shape, dtype):
-        group = parent.create_group(name)
-        group.create_dataset(
-            "value", (0,) + shape, maxshape=(None,) + shape, chunks=(1,) + shape, dtype=dtype
-        )
-        return group
-
-    def _link(self, group):
-        group["step"] = self.step  # hard links, as H5MD asks
-        group["time"] = self.time
-
-    def write(self, step: int, time: float, pos, vel, obs: dict) -> None:
-        k = self.frames
-        for group, value in [(self.pos, pos), (self.vel, vel)] + [
-            (self.obs[name], obs[name]) for name in _OBSERVABLES
-        ]:
-            ds = group["value"]
-            ds.resize(k + 1, axis=0)
-            ds[k] = value
-        self.step.resize(k + 1, axis=0)
-        self.step[k] = step
-        self.time.resize(k + 1, axis=0)
-        self.time[k] = time  # written last: the frame's commit marker
-        self.frames = k + 1
-        self.f.flush()
-
-    def close(self, status: str) -> None:
-        if self.f:
-            self.f.attrs["run_status"] = status
-            self.f.close()
-            self.f = None
+        grp["step"], grp["time"] = writer.step, writer.time  # hard links
+    for name, ds in writer.elements.items():
+        ds.attrs["reduced_unit"] = _NBODY_UNITS[name]
+    writer.time.attrs["reduced_unit"] = "N-body time (crossing time 2 sqrt(2))"
+    writer.file.flush()
+    return writer
 
 
-def _devices_for(engine: str, mesh, cfg_devices) -> int:
+def _set_status(writer: H5MDWriter, status: str) -> None:
+    if writer.file:
+        writer.file["parameters"].attrs["run_status"] = status
+
+
+def _devices_for(engine: str, from_cli: bool, mesh, cfg_devices, cfg_mesh) -> int:
+    """Ring size from ``--mesh``, else ``parallel.devices`` / ``parallel.mesh``."""
     if mesh is not None:
         mesh = tuple(mesh)
         if len(mesh) != 1:
+            shape = "x".join(map(str, mesh))
             raise ConfigError(
-                "--mesh",
-                f"the N-body ring is 1-D: give one number of devices, got {'x'.join(map(str, mesh))}",
+                "--mesh", f"the N-body ring is 1-D: give one device count, got {shape}"
             )
         return int(mesh[0])
+    if cfg_mesh is not None:
+        if cfg_devices is not None and cfg_devices != cfg_mesh[0]:
+            raise ConfigError(
+                "parallel.mesh",
+                f"{cfg_mesh} disagrees with parallel.devices = {cfg_devices}; set one",
+            )
+        cfg_devices = cfg_mesh[0]
     if engine == "single":
-        return 1
+        if not from_cli and cfg_devices not in (None, 1):
+            raise ConfigError(
+                "parallel.devices", f"engine 'single' runs on 1 device, got {cfg_devices}"
+            )
+        return 1  # --engine single overrides a device count meant for another engine
     return cfg_devices if cfg_devices is not None else len(jax.devices())
 
 
@@ -184,8 +165,9 @@ def run_config(
     Args:
       data: the parsed config table (see the module docstring for the keys).
       config_text: the resolved config as TOML text (stored in the output).
-      engine: engine to use; an empty string means ``parallel.engine`` from the config.
-      mesh: device ring as a 1-tuple ``(n,)``; None means ``parallel.devices``.
+      engine: engine to use; "" or None means ``parallel.engine`` from the config.
+      mesh: device ring as a 1-tuple ``(n,)``; None means ``parallel.devices``
+        (``--engine single`` ignores the config's device count).
       steps: number of steps; None means ``time.steps``.
       out: output path; None means ``output.path``.
       progress: show a progress bar / log lines.
@@ -217,12 +199,14 @@ def run_config(
     psec = cfg.section("parallel")
     cfg_engine = psec.get("engine", "single", kind=str, choices=ENGINES)
     cfg_devices = psec.get("devices", None, kind=int, min=1)
+    cfg_mesh = psec.get("mesh", None, kind=int, length=1, min=1)  # as in grid/LJ configs
     cfg.check_unused()
 
     if engine and engine not in ENGINES:
         raise ConfigError("--engine", f"{engine!r} is not one of {', '.join(ENGINES)}")
+    from_cli = bool(engine)
     engine = engine or cfg_engine
-    n_devices = _devices_for(engine, mesh, cfg_devices)
+    n_devices = _devices_for(engine, from_cli, mesh, cfg_devices, cfg_mesh)
     check_layout(n, engine, n_devices)
     if steps is not None and (not isinstance(steps, int) or steps < 0):
         raise ConfigError("--steps", f"must be an integer >= 0, got {steps!r}")
@@ -251,17 +235,18 @@ def run_config(
         seed=seed,
         model=name,
     )
-    parameters = {
+    attrs = meta | {
+        "unit_system": "nbody",
+        "units": "N-body (Henon) units: G = M = 1, E = -1/4 (Plummer), r_V = 1",
         "n": np.int64(n),
         "G": np.float64(G),
         "softening": np.float64(eps),
         "dt": np.float64(dt),
-        "seed": np.int64(seed),
-        "units": "N-body (Henon) units: G = M = 1, E = -1/4",
+        "run_status": "running",
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = _NBodyH5MD(path, n, dtype, meta, parameters)
-    writer.mass[...] = mass
+    writer = _open_output(path, n, dtype, mass, attrs)
+    no_box = np.zeros(3)
     status = "failed"
     t0 = _time.monotonic()
     try:
@@ -272,7 +257,7 @@ def run_config(
         max_de = 0.0
         max_p = float(np.abs(obs["momentum"]).max())
         host = eng.fetch(dstate)
-        writer.write(0, 0.0, host.pos, host.vel, obs)
+        writer.append(0, 0.0, host.pos, box=no_box, velocity=host.vel, observables=obs)
         step = 0
         with Progress(n_steps, enabled=progress, desc="nbody") as bar:
             while step < n_steps:
@@ -285,11 +270,14 @@ def run_config(
                 max_p = max(max_p, float(np.abs(obs["momentum"]).max()))
                 if step % every == 0 or step == n_steps:
                     host = eng.fetch(dstate)
-                    writer.write(step, step * dt, host.pos, host.vel, obs)
+                    writer.append(
+                        step, step * dt, host.pos, box=no_box, velocity=host.vel, observables=obs
+                    )
                 bar.update(chunk, dE=f"{max_de:.1e}")
         status = "completed"
     finally:
-        writer.close(status)
+        _set_status(writer, status)
+        writer.close()
     wall = _time.monotonic() - t0
     return {
         "path": str(path),

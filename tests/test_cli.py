@@ -1,0 +1,113 @@
+"""The command line as users run it: files xarray opens, exit codes, messages, no debris."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from simpar.cli import main
+
+SMALL = ["--set", "grid.shape=[32,32]", "--set", "time.dt=5e-5", "--set", "output.every=10", "--steps", "30"]
+
+
+def _run(*args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "simpar", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_every_engine_writes_files_xarray_opens_with_equal_last_frames(tmp_path):
+    files = {}
+    for engine in ("single", "pmap", "shard_map", "sharded"):
+        out = tmp_path / f"{engine}.h5"
+        r = _run("run", "experiments/heat2d.toml", "--engine", engine, "--devices", "8", "--mesh", "2x4",
+                 "--out", str(out), *SMALL)
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout.strip().splitlines()[-1])
+        assert summary["engine"] == engine and summary["steps"] == 30
+        assert "Traceback" not in r.stderr
+        files[engine] = out
+    ds = {e: xr.open_dataset(p, engine="h5netcdf") for e, p in files.items()}
+    ref = ds["single"]
+    assert ref.u.dims == ("time", "y", "x")
+    assert ref.sizes["time"] == 4
+    np.testing.assert_allclose(ref.time.values, [0, 10 * 5e-5, 20 * 5e-5, 30 * 5e-5])
+    np.testing.assert_allclose(ref.x.values[:2], [1 / 64, 3 / 64])
+    assert ref.u_profile.dims == ("time", "y")
+    for e, d in ds.items():
+        assert d.attrs["engine"] == e
+        assert d.attrs["run_status"] == "complete"
+        assert "[grid]" in d.attrs["config"] and "shape = [32, 32]" in d.attrs["config"]
+        np.testing.assert_array_equal(d.u.isel(time=-1).values, ref.u.isel(time=-1).values)
+        np.testing.assert_allclose(d.u_profile.values, ref.u_profile.values, rtol=1e-6)
+    assert list(ds["pmap"].attrs["device_mesh"]) == [2, 4]
+    assert (tmp_path / "pmap.h5.xdmf").exists()
+
+
+def _main(capsys, *args):
+    code = main(list(args))
+    return code, capsys.readouterr().err
+
+
+def test_unknown_key_exit_2_names_key_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "x.nc"
+    code, err = _main(capsys, "run", "experiments/heat2d.toml", "--out", str(out), "--set", "physics.difusivity=2")
+    assert code == 2
+    assert "physics.difusivity: unknown key; did you mean 'physics.diffusivity'?" in err
+    assert "Traceback" not in err
+    assert not out.exists() and not (tmp_path / "x.nc.xdmf").exists()
+
+
+def test_mesh_that_does_not_divide_exit_2(tmp_path, capsys):
+    out = tmp_path / "x.nc"
+    code, err = _main(capsys, "run", "experiments/heat2d.toml", "--engine", "pmap", "--mesh", "3x2",
+                      "--out", str(out), "--set", "grid.shape=[32,32]")
+    assert code == 2
+    assert "grid shape 32x32 does not divide over device mesh 3x2" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--engine", "gpu"], "--engine: unknown engine 'gpu'; choose one of single, pmap, shard_map, sharded"),
+    (["--set", "time.dt=1e-3"], "time.dt: time step 0.001 is unstable"),
+    (["--set", "grid.dtype='half'"], "grid.dtype: 'half' is not allowed; choose one of 'float32', 'float64'"),
+    (["--mesh", "2x"], "--mesh: expected 1 to 3 positive integers"),
+    (["--set", "boundary.w='periodic'"], "boundary.w"),
+])
+def test_invalid_options_exit_2(tmp_path, capsys, args, message):
+    out = tmp_path / "x.nc"
+    code, err = _main(capsys, "run", "experiments/heat2d.toml", "--out", str(out), *args)
+    assert code == 2, err
+    assert message in err
+    assert not out.exists()
+
+
+def test_missing_config_and_existing_output(tmp_path, capsys):
+    code, err = _main(capsys, "run", str(tmp_path / "nope.toml"))
+    assert code == 2 and "config file not found" in err
+    out = tmp_path / "x.nc"
+    out.write_bytes(b"precious")
+    code, err = _main(capsys, "run", "experiments/heat2d.toml", "--out", str(out), *SMALL)
+    assert code == 2 and "--overwrite" in err
+    assert out.read_bytes() == b"precious"
+
+
+def test_blow_up_exit_1_with_step_and_keeps_good_frames(tmp_path, capsys):
+    out = tmp_path / "x.nc"
+    code, err = _main(capsys, "run", "experiments/heat2d.toml", "--out", str(out), "--quiet", *SMALL,
+                      "--set", "initial.amplitude=3e38", "--set", "boundary.y='neumann'")
+    assert code == 1
+    assert "run failed at step 10" in err and "reduce time.dt" in err
+    ds = xr.open_dataset(out, engine="h5netcdf")
+    assert ds.sizes["time"] == 1  # frame 0 kept, nothing non-finite written
+    assert ds.attrs["run_status"].startswith("failed: run failed at step 10")
+
+
+def test_info_lists_devices(capsys):
+    assert main(["info"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["device_count"] == 8 and info["process_count"] == 1

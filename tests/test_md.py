@@ -1,0 +1,268 @@
+"""Lennard-Jones MD: LAMMPS step-0 values, conservation, neighbour lists, Langevin, H5MD,
+continuation from a file, sharded == single (8 CPU devices, see conftest.py)."""
+
+from __future__ import annotations
+
+import tomllib
+
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from simpar.config import dumps
+from simpar.errors import ConfigError
+from simpar.io import h5md
+from simpar.particles import lattice, md, neighbors, potentials, space
+from simpar.particles.run import run_config
+
+F64 = jnp.float64
+
+
+def lj_system(cells=5, temperature=1.44, seed=87287, dtype=F64, shift=False):
+    r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, dtype)
+    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(seed), r.shape[0], temperature, dtype=dtype)
+    return r, v, space.periodic(box, dtype), potentials.lennard_jones(cutoff=2.5, shift=shift, dtype=dtype)
+
+
+def small_config(tmp_path, **over):
+    cfg = {
+        "name": "t",
+        "model": {"name": "lj"},
+        "system": {"lattice": "fcc", "density": 0.8442, "cells": [5, 5, 5],
+                   "temperature": 1.44, "seed": 1, "dtype": "float64"},
+        "time": {"dt": 0.005, "steps": 20},
+        "output": {"every": 10, "path": str(tmp_path / "t.h5md"), "force": True},
+    }  # fmt: skip
+    for key, value in over.items():
+        sec, name = key.split(".")
+        cfg.setdefault(sec, {})[name] = value
+    return cfg
+
+
+def lammps(x: float) -> str:
+    """LAMMPS prints thermo with %.8g."""
+    return f"{x:.8g}"
+
+
+def test_lammps_bench_step0_32000_atoms_float64():
+    r, v, spc, pot = lj_system(cells=20)
+    assert r.shape == (32000, 3)
+    np.testing.assert_allclose(np.asarray(spc.box), 33.591924, atol=5e-7)
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3)
+    th = sim.thermo()
+    assert lammps(th["temperature"]) == "1.44"
+    assert lammps(th["potential_energy"]) == "-6.7733681"
+    assert lammps(th["total_energy"]) == "-4.6134356"
+    assert lammps(th["pressure"]) == "-5.0197073"
+    # zero total momentum
+    np.testing.assert_allclose(np.asarray(jnp.sum(sim.state.velocity, 0)), 0, atol=1e-10)
+
+
+def test_melt_step0_4000_atoms_and_sc_lattice():
+    r, v, spc, pot = lj_system(cells=10, temperature=3.0)
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005)
+    th = sim.thermo()
+    # examples/melt/log: 0 3 -6.7733681 0 -2.2744931 -3.7033504
+    assert [lammps(th[k]) for k in ("temperature", "potential_energy", "total_energy",
+                                    "pressure")] == ["3", "-6.7733681", "-2.2744931", "-3.7033504"]  # fmt: skip
+    rs, box = lattice.cubic_lattice("sc", 0.5, (4, 4, 4))
+    assert rs.shape == (64, 3)
+    np.testing.assert_allclose(np.asarray(box), 4 * 2.0 ** (1 / 3))
+
+
+def test_potentials_force_is_minus_gradient():
+    r2 = jnp.linspace(0.8, 2.4, 17, dtype=F64) ** 2
+    for pot in (potentials.lennard_jones(cutoff=2.5, shift=True),
+                potentials.morse(d0=1.0, alpha=3.0, r0=1.1, cutoff=2.5)):  # fmt: skip
+        e, fr = potentials.pair_terms(pot, r2)
+        de = jax.vmap(jax.grad(lambda r: potentials.pair_terms(pot, r * r)[0]))(jnp.sqrt(r2))
+        np.testing.assert_allclose(np.asarray(fr), np.asarray(-de / jnp.sqrt(r2)), rtol=1e-10)
+    shifted = potentials.lennard_jones(cutoff=2.5, shift=True)
+    e, _ = potentials.pair_terms(shifted, jnp.asarray([2.5**2 - 1e-12, 2.6**2]))
+    np.testing.assert_allclose(np.asarray(e), 0.0, atol=1e-9)
+    mo = potentials.morse(d0=2.0, alpha=3.0, r0=1.1, cutoff=2.5)
+    assert float(potentials.pair_terms(mo, jnp.asarray(1.1**2))[0]) == pytest.approx(-2.0)
+
+
+@pytest.mark.parametrize("periodic", [True, False])
+def test_cell_list_matches_all_pairs(periodic):
+    key = jax.random.PRNGKey(3)
+    r = jax.random.uniform(key, (700, 3), F64) * 9.0
+    spc = space.periodic([9.0, 9.0, 9.0]) if periodic else space.free([9.0, 9.0, 9.0])
+    spec_c, nb_c = neighbors.allocate(spc, r, cutoff=1.2, skin=0.3)
+    spec_a, nb_a = neighbors.allocate(spc, r, cutoff=1.2, skin=0.3, all_pairs=True)
+    assert spec_c.cells is not None and spec_a.cells is None
+    assert not bool(nb_c.did_overflow) and not bool(nb_a.did_overflow)
+    rn = np.asarray(r)
+    for i in range(0, 700, 7):
+        d = rn - rn[i]
+        if periodic:
+            d -= 9.0 * np.round(d / 9.0)
+        ref = set(np.nonzero(np.sum(d * d, 1) < 1.5**2)[0]) - {i}
+        for nb in (nb_c, nb_a):
+            row = np.asarray(nb.idx[i])
+            assert set(row[row < 700]) == ref
+
+
+def test_nve_energy_conserved_with_dt_squared_error():
+    r, v, spc, pot = lj_system(cells=5, temperature=0.8, shift=True)
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005)
+    sim.advance(100)  # melt a little first
+    start = sim.state
+    errs = {}
+    for dt in (0.004, 0.002):
+        sim.state, sim.params = start, md.make_params(dt, dtype=F64)
+        sim.nbrs = jax.jit(neighbors.build, static_argnums=0)(sim.spec, spc, start.position, start.valid)
+        e = []
+        for _ in range(10):
+            sim.advance(int(0.2 / dt) // 10)
+            e.append(sim.thermo()["total_energy"])
+        errs[dt] = np.max(np.abs(np.asarray(e) - e[0]))
+    assert errs[0.004] < 2e-3
+    assert 2.5 < errs[0.004] / errs[0.002] < 6.0, errs  # second order
+
+
+def test_neighbor_overflow_is_detected_and_repaired():
+    r, v, spc, pot = lj_system(cells=5, temperature=1.44)
+    big = md.make_simulation(spc, pot, r, v, dt=0.005)
+    need = np.asarray(big.nbrs.needed)
+    small = md.make_simulation(spc, pot, r, v, dt=0.005, max_neighbors=int(need[0]),
+                               column_capacity=int(need[1]), capacity_factor=1.02)  # fmt: skip
+    assert small.spec.max_neighbors < big.spec.max_neighbors
+    # the lattice melts: neighbour counts fluctuate above the lattice's and overflow
+    jit_build = jax.jit(neighbors.build, static_argnums=0)
+    seen = jit_build(small.spec, spc, r + 0.2 * v, small.state.valid)
+    for _ in range(3):
+        big.advance(20)
+        small.advance(20)
+    assert small.regrows >= 1
+    assert not bool(small.nbrs.did_overflow)
+    np.testing.assert_allclose(np.asarray(small.state.position), np.asarray(big.state.position),
+                               atol=1e-9)  # fmt: skip
+    assert small.thermo()["total_energy"] == pytest.approx(big.thermo()["total_energy"], abs=1e-10)
+    del seen
+
+
+def test_langevin_seeded_and_reaches_temperature():
+    r, v, spc, pot = lj_system(cells=5, temperature=0.5, shift=True)
+
+    def run(seed, n=4, k=50):
+        sim = md.make_simulation(spc, pot, r, v, dt=0.005, ensemble="langevin", kt=1.5,
+                                 gamma=5.0, key=jax.random.PRNGKey(seed))  # fmt: skip
+        temps = []
+        for _ in range(n):
+            sim.advance(k)
+            temps.append(sim.thermo()["temperature"])
+        return sim, temps
+
+    a, ta = run(7)
+    b, tb = run(7)
+    c, tc = run(8)
+    np.testing.assert_array_equal(np.asarray(a.state.position), np.asarray(b.state.position))
+    assert not np.allclose(np.asarray(a.state.position), np.asarray(c.state.position))
+    late = np.mean(ta[1:] + tc[1:])
+    assert late == pytest.approx(1.5, rel=0.05), (ta, tc)
+
+
+def test_h5md_written_and_opened_by_mdanalysis(tmp_path):
+    import MDAnalysis
+
+    cfg = small_config(tmp_path)
+    res = run_config(cfg, dumps(cfg), engine=None, mesh=None, steps=None, out=None,
+                     progress=False)  # fmt: skip
+    path = res["path"]
+    u = MDAnalysis.Universe(path)
+    assert len(u.atoms) == 500
+    assert u.trajectory.n_frames == 3
+    with h5py.File(path, "r") as f:
+        pos = f["particles/trajectory/position/value"][...]
+        edges = f["particles/trajectory/box/edges/value"][...]
+        assert list(f["particles/trajectory/position/step"][...]) == [0, 10, 20]
+        assert f["particles/trajectory/velocity/step"] == f["particles/trajectory/position/step"]
+        assert f["particles/trajectory/position/value"].attrs["unit"] == "A"
+        assert f["observables/pressure/value"].shape == (3,)
+        assert "lj" in f["parameters"].attrs["config"]
+        assert f["parameters"].attrs["engine"] == "single"
+        assert f["h5md"].attrs["version"].tolist() == [1, 1]
+    for ts in u.trajectory:
+        np.testing.assert_allclose(ts.positions, pos[ts.frame], rtol=1e-6)
+        np.testing.assert_allclose(ts.dimensions[:3], edges[ts.frame], rtol=1e-6)
+        np.testing.assert_allclose(ts.dimensions[3:], 90.0)
+    assert u.trajectory[-1].data["total_energy"] == pytest.approx(res["thermo"]["total_energy"])
+    fr = h5md.read_frame(path)
+    assert fr["step"] == 20 and fr["position"].dtype == np.float64
+    assert fr["observables"]["pressure"] == pytest.approx(res["thermo"]["pressure"])
+    np.testing.assert_allclose(fr["box"], 5 * (4 / 0.8442) ** (1 / 3))
+
+
+@pytest.mark.parametrize("ensemble", ["nve", "langevin"])
+def test_continue_from_h5md_reproduces_uninterrupted_run(tmp_path, ensemble):
+    over = {"integrator.ensemble": ensemble}
+    if ensemble == "langevin":
+        over.update({"integrator.temperature": 1.2, "integrator.seed": 5})
+    full = small_config(tmp_path, **over, **{"time.steps": 30, "output.path": str(tmp_path / "a.h5md")})
+    run_config(full, dumps(full), engine=None, mesh=None, steps=None, out=None, progress=False)
+    cont = small_config(tmp_path, **over, **{"time.steps": 10, "output.path": str(tmp_path / "b.h5md")})
+    cont["system"] = {"init": "h5md", "file": str(tmp_path / "a.h5md"), "frame": 2,
+                      "dtype": "float64"}  # fmt: skip
+    run_config(cont, dumps(cont), engine=None, mesh=None, steps=None, out=None, progress=False)
+    a, b = h5md.read_frame(tmp_path / "a.h5md"), h5md.read_frame(tmp_path / "b.h5md")
+    assert a["step"] == b["step"] == 30
+    np.testing.assert_allclose(b["position"], a["position"], atol=1e-11)
+    np.testing.assert_allclose(b["velocity"], a["velocity"], atol=1e-11)
+
+
+def test_sharded_equals_single(tmp_path):
+    assert len(jax.devices()) == 8
+    cfg = small_config(tmp_path)  # 500 atoms: padded to 504 slots on 8 devices
+    one = run_config(cfg, dumps(cfg), engine="single", mesh=None, steps=None,
+                     out=str(tmp_path / "s.h5md"), progress=False)  # fmt: skip
+    cfg = small_config(tmp_path)
+    eight = run_config(cfg, dumps(cfg), engine="sharded", mesh=(8,), steps=None,
+                       out=str(tmp_path / "p.h5md"), progress=False)  # fmt: skip
+    a, b = h5md.read_frame(one["path"]), h5md.read_frame(eight["path"])
+    np.testing.assert_allclose(b["position"], a["position"], atol=1e-12)
+    np.testing.assert_allclose(b["velocity"], a["velocity"], atol=1e-12)
+    for k, v in one["thermo"].items():
+        assert eight["thermo"][k] == pytest.approx(v, rel=1e-12, abs=1e-12)
+    with h5py.File(eight["path"]) as f:
+        assert f["parameters"].attrs["device_mesh"].tolist() == [8]
+
+
+def test_free_space_cluster_conserves_energy_and_momentum():
+    r, _ = lattice.cubic_lattice("fcc", 1.0, (3, 3, 3))
+    spc = space.free([10.0, 10.0, 10.0])
+    pot = potentials.morse(d0=1.0, alpha=3.0, r0=2 ** (-0.5), cutoff=2.5, shift=True)
+    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(0), r.shape[0], 0.3)
+    sim = md.make_simulation(spc, pot, r, v, dt=0.002, skin=0.3)
+    e0 = sim.thermo()["total_energy"]
+    sim.advance(200)
+    assert sim.thermo()["total_energy"] == pytest.approx(e0, abs=1e-4)
+    np.testing.assert_allclose(np.asarray(jnp.sum(sim.state.velocity, 0)), 0, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("parallel.engine", "pmap", "supported: single, sharded"),
+        ("potential.kind", "coulomb", "choose one of"),
+        ("system.cells", [1, 1, 1], "minimum image"),
+        ("potential.typo", 1.0, "unknown key"),
+        ("output.path", "x.h5", "must end in .h5md"),
+    ],
+)
+def test_invalid_config_raises_before_any_file(tmp_path, key, value, match):
+    cfg = small_config(tmp_path, **{key: value})
+    with pytest.raises(ConfigError, match=match):
+        run_config(cfg, dumps(cfg), engine=None, mesh=None, steps=None, out=None, progress=False)
+    assert not (tmp_path / "t.h5md").exists()
+
+
+def test_experiment_configs_parse(tmp_path):
+    for name in ("lj_bench", "lj_melt"):
+        data = tomllib.loads(open(f"experiments/{name}.toml").read())
+        res = run_config(data, dumps(data), engine=None, mesh=None, steps=0,
+                         out=str(tmp_path / f"{name}.h5md"), progress=False)  # fmt: skip
+        assert res["thermo0"]["potential_energy"] == pytest.approx(-6.7733681, abs=5e-8)
