@@ -99,8 +99,6 @@ def _cmd_run(args) -> int:
     if mesh is not None and devices is not None and math.prod(mesh) > devices:
         raise ConfigError("--mesh", f"mesh {args.mesh} needs {math.prod(mesh)} devices but --devices is {devices}")
     data, text = cfgmod.load(args.config, args.set)
-    if args.resume:
-        raise ConfigError("--resume", "restart from checkpoints is not available yet in this version")
     _configure_jax(devices)
     import jax
 
@@ -114,7 +112,7 @@ def _cmd_run(args) -> int:
     from simpar.run import run_config
 
     summary = run_config(data, text, engine=args.engine, mesh=mesh, steps=args.steps, out=args.out,
-                         overwrite=args.overwrite, progress=not args.quiet)
+                         overwrite=args.overwrite, progress=not args.quiet, resume=args.resume)
     print(json.dumps(summary, default=str))
     return EXIT_OK
 

@@ -58,6 +58,7 @@ def run_config(
     out: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    resume: bool = False,
 ) -> dict:
     """Run the experiment described by a parsed config.
 
@@ -68,6 +69,8 @@ def run_config(
         ``parallel.mesh``, ``time.steps`` and ``output.path``.
       overwrite: replace an existing output file.
       progress: show progress.
+      resume: continue from the checkpoint next to the output (``<out>.ckpt``); the final
+        state equals that of an uninterrupted run.
 
     Returns:
       A summary: output path, steps, wall time, final diagnostics.
@@ -78,12 +81,14 @@ def run_config(
     """
     name = model_name(data)
     if name in PARTICLE_MODELS:
+        if resume:
+            raise ConfigError("--resume", f"restart is available for grid models; not yet for {name!r}")
         module = importlib.import_module(PARTICLE_MODELS[name])
         return module.run_config(
             data, config_text, engine=engine, mesh=mesh, steps=steps, out=out, progress=progress
         )
     return run_grid(data, config_text, engine=engine, mesh=mesh, steps=steps, out=out,
-                    overwrite=overwrite, progress=progress)
+                    overwrite=overwrite, progress=progress, resume=resume)
 
 
 def _parallel_settings(cfg: Section, engine, mesh):
@@ -98,8 +103,17 @@ def _parallel_settings(cfg: Section, engine, mesh):
     return engine, mesh, halo
 
 
+def _without_steps(text: str) -> dict:
+    import tomllib
+
+    data = tomllib.loads(text)
+    data.get("time", {}).pop("steps", None)
+    return data
+
+
 def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
-             overwrite=False, progress=True) -> dict:
+             overwrite=False, progress=True, resume=False) -> dict:
+    from simpar.io import checkpoint
     from simpar.io.meta import run_metadata
     from simpar.io.netcdf import GridWriter
 
@@ -115,6 +129,7 @@ def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
     every = o.get("every", max(n_steps // 10, 1), kind=int, min=1)
     cfg_path = o.get("path", f"data/runs/{model.name}.nc", kind=str)
     path = Path(out or cfg_path)
+    save_checkpoints = o.get("checkpoint", True, kind=bool)
     engine, mesh, halo = _parallel_settings(cfg, engine, mesh)
     if engine != "single" and mesh is None:
         import jax
@@ -122,7 +137,18 @@ def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
         mesh = (len(jax.devices()),)
     cfg.check_unused()
     eng = make_engine(engine, model, domain.shape, mesh if engine != "single" else None, halo)
-    if path.exists() and not overwrite:
+    start = 0
+    if resume:
+        if not path.exists():
+            raise ConfigError("--resume", f"output file {path} does not exist; nothing to resume")
+        ck_state, start, ck_text, ck_model = checkpoint.load(checkpoint.checkpoint_path(path))
+        if ck_model != model.name or _without_steps(ck_text) != _without_steps(config_text):
+            raise ConfigError("--resume", f"the config differs from the one {path} was started with "
+                              "(only time.steps may change on resume)")
+        if start >= n_steps:
+            raise ConfigError("--steps", f"the checkpoint is at step {start}; ask for more steps to resume")
+        setup.state = {k: ck_state[k] for k in setup.state}
+    elif path.exists() and not overwrite:
         raise ConfigError("--out", f"output file {path} exists; pass --overwrite to replace it or choose another --out")
     if path.suffix in (".xdmf", ".toml"):
         raise ConfigError("--out", f"{path} looks like a sidecar/config; give an HDF5 path such as run.nc or run.h5")
@@ -135,6 +161,9 @@ def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
     state = eng.place(setup.state)
     params = setup.params
     obs = eng.observe(state, params)
+    if obs["nonfinite"] > 0:
+        raise ConfigError("initial", f"the initial state has {int(obs['nonfinite'])} non-finite values; "
+                          "check the [initial] settings")
     variables = {}
     for f in out_fields:
         variables[f] = {
@@ -157,20 +186,27 @@ def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
                   "grid_shape": np.asarray(domain.shape, np.int32),
                   "grid_length": np.asarray(domain.length, np.float64)})
     coords = {n: c for n, c in zip(reversed(names), reversed(domain.coords()), strict=True)}
-    writer = GridWriter(path, coords=coords, variables=variables, attrs=attrs, overwrite=overwrite)
+    if resume:
+        writer = GridWriter.open_existing(path, step=start)
+    else:
+        writer = GridWriter(path, coords=coords, variables=variables, attrs=attrs, overwrite=overwrite)
 
     def frame(step, host_state, obs):
         values = {f: np.transpose(fn(host_state)) for f, fn in out_fields.items()}
         values.update({k: v for k, v in obs.items() if k != "nonfinite"})
         writer.append(step * setup.dt, step, values)
+        if save_checkpoints:
+            checkpoint.save(checkpoint.checkpoint_path(path), host_state, step, config_text, model.name)
 
     t0 = time.perf_counter()
-    done = 0
+    done = start
     cells = math.prod(domain.shape)
     try:
         writer.set_status("running")
-        frame(0, eng.gather(state), obs)
+        if not resume:
+            frame(0, eng.gather(state), obs)
         with Progress(n_steps, enabled=progress, desc=f"{model.name}/{engine}") as bar:
+            bar.update(start)
             while done < n_steps:
                 chunk = min(every, n_steps - done)
                 state = eng.advance(state, params, chunk)
@@ -202,8 +238,9 @@ def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
         "engine": engine,
         "mesh": list(eng.grid.shape),
         "steps": n_steps,
+        "resumed_from": start if resume else None,
         "wall_s": wall,
-        "Mcell_updates_per_s": cells * n_steps / wall / 1e6 if wall > 0 else float("nan"),
+        "Mcell_updates_per_s": cells * (n_steps - start) / wall / 1e6 if wall > 0 else float("nan"),
         "final": {k: (v.tolist() if np.ndim(v) == 0 else None) for k, v in obs.items()},
     }
 

@@ -111,3 +111,26 @@ def test_info_lists_devices(capsys):
     assert main(["info"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["device_count"] == 8 and info["process_count"] == 1
+
+
+def test_resume_continues_to_the_same_final_state(tmp_path, capsys):
+    full, part = tmp_path / "full.nc", tmp_path / "part.nc"
+    args = ["run", "experiments/heat2d.toml", "--engine", "pmap", "--mesh", "2x4", "--quiet", *SMALL[:-2]]
+    assert main([*args, "--out", str(full), "--steps", "30"]) == 0
+    assert main([*args, "--out", str(part), "--steps", "20"]) == 0
+    assert (tmp_path / "part.nc.ckpt").exists()
+    # a changed physics setting is refused: only time.steps may change
+    code = main([*args, "--out", str(part), "--steps", "30", "--resume", "--set", "physics.diffusivity=2.0"])
+    assert code == 2 and "only time.steps may change" in capsys.readouterr().err
+    assert main([*args, "--out", str(part), "--steps", "30", "--resume"]) == 0
+    a, b = xr.open_dataset(full, engine="h5netcdf"), xr.open_dataset(part, engine="h5netcdf")
+    np.testing.assert_array_equal(a.step.values, b.step.values)
+    np.testing.assert_array_equal(a.u.values, b.u.values)
+    assert b.attrs["run_status"] == "complete"
+
+
+def test_nan_initial_state_is_invalid_input(tmp_path, capsys):
+    out = tmp_path / "x.nc"
+    code, err = _main(capsys, "run", "experiments/heat2d.toml", "--out", str(out), *SMALL, "--set", "initial.amplitude=nan")
+    assert code == 2 and "initial: the initial state has" in err
+    assert not out.exists()

@@ -348,7 +348,6 @@ def allocate(
     nvalid = max(int(np.sum(np.asarray(valid))), 1)
     box = np.asarray(space.box, np.float64)
     density = nvalid / float(np.prod(box)) if space.periodic else 1.0
-    fixed = max_neighbors is not None and (column_capacity is not None or cells is None)
     guess_m = max_neighbors or max(
         8, int(1.3 * density * 4.0 / 3.0 * math.pi * radius**3) + 8
     )
@@ -361,11 +360,24 @@ def allocate(
         n, int(min(guess_m, n)), radius, float(skin), space.periodic, cells, reach,
         int(guess_c), origin, width, int(block),
     )  # fmt: skip
-    nbrs = jax.jit(build, static_argnums=0)(spec, space, r, valid)
-    if fixed:
+    jbuild = jax.jit(build, static_argnums=0)
+    nbrs = jbuild(spec, space, r, valid)
+    if bool(nbrs.did_overflow) and max_neighbors is None and column_capacity is None:
+        spec = regrow(spec, nbrs, capacity_factor)
+        nbrs = jbuild(spec, space, r, valid)
+    if bool(nbrs.did_overflow):  # fixed capacities too small: the caller repairs
         return spec, nbrs
-    spec = regrow(spec, nbrs, capacity_factor, shrink=True)
-    return spec, jax.jit(build, static_argnums=0)(spec, space, r, valid)
+    # Final capacities: given ones kept, measured ones with head-room (rounded so that
+    # similar systems share compiled code). The list content does not depend on the
+    # column capacity, and rows are compacted, so only a slice / pad is needed.
+    fitted = regrow(spec, nbrs, capacity_factor, shrink=True)
+    m = max_neighbors or fitted.max_neighbors
+    c = column_capacity or fitted.column_capacity
+    spec = dataclasses.replace(spec, max_neighbors=int(m), column_capacity=int(c))
+    idx = nbrs.idx[:, :m]
+    if idx.shape[1] < m:
+        idx = jnp.pad(idx, ((0, 0), (0, m - idx.shape[1])), constant_values=n)
+    return spec, nbrs._replace(idx=idx)
 
 
 def regrow(
@@ -380,8 +392,8 @@ def regrow(
       shrink: allow capacities below the current ones (used by ``allocate``).
     """
     need_m, need_c = (int(x) for x in np.asarray(nbrs.needed))
-    m = int(math.ceil(need_m * factor))
-    c = int(math.ceil(need_c * factor)) if spec.cells is not None else 0
+    m = -(-int(math.ceil(need_m * factor)) // 8) * 8
+    c = -(-int(math.ceil(need_c * factor)) // 4) * 4 if spec.cells is not None else 0
     if not shrink:
         m, c = max(m, spec.max_neighbors), max(c, spec.column_capacity)
     m = min(max(m, 1), spec.capacity)

@@ -1,0 +1,59 @@
+"""Restart checkpoints: the complete state of a run, written atomically.
+
+A checkpoint is a small HDF5 file ``<output>.ckpt`` holding every state array (global, host
+NumPy), the step, the resolved config text and the model name. It is written to a temporary
+file, fsync'ed and moved into place with ``os.replace``, so a kill at any moment leaves either
+the previous checkpoint or the new one, never a half-written file
+(../shared/reference/HDF5_FORMATS.md section 4, recipe 3).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from simpar.errors import ConfigError
+
+
+def checkpoint_path(output: str | os.PathLike) -> Path:
+    return Path(str(output) + ".ckpt")
+
+
+def save(path: str | os.PathLike, state: dict[str, np.ndarray], step: int, config_text: str,
+         model: str) -> None:
+    """Write ``state`` at ``step`` atomically to ``path``."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with h5py.File(tmp, "w") as f:
+        f.attrs["step"] = np.int64(step)
+        f.attrs["config"] = config_text
+        f.attrs["model"] = model
+        g = f.create_group("state")
+        for name, value in state.items():
+            g.create_dataset(name, data=np.asarray(value))
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], int, str, str]:
+    """Read a checkpoint: (state, step, config_text, model).
+
+    Raises:
+      ConfigError: the checkpoint is missing or unreadable.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("--resume", f"no checkpoint {path} to resume from; run without --resume first")
+    try:
+        with h5py.File(path, "r") as f:
+            state = {k: f["state"][k][()] for k in f["state"]}
+            return state, int(f.attrs["step"]), str(f.attrs["config"]), str(f.attrs["model"])
+    except (OSError, KeyError) as err:
+        raise ConfigError("--resume", f"checkpoint {path} is unreadable ({err})") from None
