@@ -31,9 +31,11 @@ from simpar.testing import run_engine
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "advection2d.toml"
 
 # radius 2 (muscl): halo >= 2, block >= halo; every engine, 1-D and 2-D meshes, halo 2-4
+# (3: one step and a spare cell per exchange, 4: two steps per exchange)
 CASES_MUSCL = (
     ("pmap", (8,), 2),
     ("pmap", (2, 4), 4),
+    ("pmap", (4, 2), 3),
     ("shard_map", (2, 4), 2),
     ("shard_map", (1, 8), 3),
     ("sharded", (2, 4), 2),
@@ -161,7 +163,9 @@ def test_upwind_overshoot_free_and_muscl_sharper():
     assert errors["muscl"] < 0.5 * errors["upwind"], errors
 
 
-def _assert_engines_equal_single(model, state, params, n, cases):
+def _assert_engines_equal_single(model, state, params, n, cases, atol=0.0):
+    """Each case gives the fields of ``single``: bitwise, or to ``atol`` when given."""
+
     def final(engine, mesh, halo):
         eng = make_engine(engine, model, state["q"].shape, mesh, halo)
         return eng.gather(eng.advance(eng.place(state), params, n))
@@ -170,17 +174,38 @@ def _assert_engines_equal_single(model, state, params, n, cases):
     for engine, mesh, halo in cases:
         got = final(engine, mesh, halo)
         for f in ref:
-            np.testing.assert_array_equal(got[f], ref[f], err_msg=f"{engine} {mesh} halo {halo}: {f}")
+            msg = f"{engine} {mesh} halo {halo}: {f}"
+            if atol:
+                np.testing.assert_allclose(got[f], ref[f], rtol=0, atol=atol, err_msg=msg)
+            else:
+                np.testing.assert_array_equal(got[f], ref[f], err_msg=msg)
 
 
-def test_every_engine_equals_single_muscl_rotation_with_walls():
+def test_every_engine_equals_single_muscl_uniform():
+    d = Domain((32, 48), (1.0, 1.5), "float64")
+    bcs = ((Periodic(), Periodic()), (Dirichlet(0.5), Neumann()))
+    model = advection.make_model(2, bcs, "muscl", "van_leer", "uniform")
+    state = {"q": np.random.default_rng(0).random(d.shape)}
+    params = advection.make_params(d, 0.004, [1.2, -2.5])
+    _assert_engines_equal_single(model, state, params, 8, CASES_MUSCL)
+
+
+def test_every_engine_matches_single_muscl_rotation_with_walls():
+    """Velocity fields as state, walls on both axes; equal to one ulp per step, not bitwise.
+
+    XLA:CPU contracts ``a * b + c`` into one FMA where both sit in the same fusion, so the
+    result depends on how a program is fused. Here (velocity fields as extra inputs) ``single``
+    fuses the step differently from every other program: ~3 % of the cells differ by one ulp
+    per step, while all the parallel programs agree with each other bitwise. With FMA off
+    (``XLA_FLAGS=--xla_cpu_max_isa=SSE4_2``) every case is bitwise equal to ``single``.
+    """
     d = Domain((32, 48), (1.0, 1.5), "float64")
     bcs = ((Dirichlet(0.5), Neumann()), (Dirichlet(), Dirichlet()))
     model = advection.make_model(2, bcs, "muscl", "van_leer", "rotation")
     rng = np.random.default_rng(0)
     state = {"q": rng.random(d.shape), **advection.rotation_velocity(d, 3.0, [0.4, 0.8])}
     params = advection.make_params(d, 0.004)
-    _assert_engines_equal_single(model, state, params, 8, CASES_MUSCL)
+    _assert_engines_equal_single(model, state, params, 8, CASES_MUSCL, atol=1e-14)
 
 
 def test_every_engine_equals_single_upwind_uniform():
@@ -199,7 +224,7 @@ def test_every_engine_equals_single_3d():
     state = {"q": np.random.default_rng(2).random(d.shape)}
     params = advection.make_params(d, 0.02, [1.0, -2.0, 0.5])
     _assert_engines_equal_single(
-        model, state, params, 5, (("pmap", (2, 2, 2), 2), ("shard_map", (2, 2, 2), 3))
+        model, state, params, 5, (("pmap", (2, 2, 2), 2), ("shard_map", (2, 2, 2), 3), ("sharded", (2, 2, 2), 2))
     )
 
 

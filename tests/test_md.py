@@ -23,7 +23,12 @@ F64 = jnp.float64
 def lj_system(cells=5, temperature=1.44, seed=87287, dtype=F64, shift=False):
     r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, dtype)
     v = lattice.maxwell_boltzmann(jax.random.PRNGKey(seed), r.shape[0], temperature, dtype=dtype)
-    return r, v, space.periodic(box, dtype), potentials.lennard_jones(cutoff=2.5, shift=shift, dtype=dtype)
+    return (
+        r,
+        v,
+        space.periodic(box, dtype),
+        potentials.lennard_jones(cutoff=2.5, shift=shift, dtype=dtype),
+    )
 
 
 def small_config(tmp_path, **over):
@@ -72,7 +77,8 @@ def test_potentials_force_is_minus_gradient():
     for pot in (potentials.lennard_jones(cutoff=2.5, shift=True),
                 potentials.morse(d0=1.0, alpha=3.0, r0=1.1, cutoff=2.5)):  # fmt: skip
         e, fr = potentials.pair_terms(pot, r2)
-        de = jax.vmap(jax.grad(lambda r: potentials.pair_terms(pot, r * r)[0]))(jnp.sqrt(r2))
+        energy = lambda r, pot=pot: potentials.pair_terms(pot, r * r)[0]  # noqa: E731
+        de = jax.vmap(jax.grad(energy))(jnp.sqrt(r2))
         np.testing.assert_allclose(np.asarray(fr), np.asarray(-de / jnp.sqrt(r2)), rtol=1e-10)
     shifted = potentials.lennard_jones(cutoff=2.5, shift=True)
     e, _ = potentials.pair_terms(shifted, jnp.asarray([2.5**2 - 1e-12, 2.6**2]))
@@ -109,7 +115,9 @@ def test_nve_energy_conserved_with_dt_squared_error():
     errs = {}
     for dt in (0.004, 0.002):
         sim.state, sim.params = start, md.make_params(dt, dtype=F64)
-        sim.nbrs = jax.jit(neighbors.build, static_argnums=0)(sim.spec, spc, start.position, start.valid)
+        sim.nbrs = jax.jit(neighbors.build, static_argnums=0)(
+            sim.spec, spc, start.position, start.valid
+        )
         e = []
         for _ in range(10):
             sim.advance(int(0.2 / dt) // 10)
@@ -195,9 +203,13 @@ def test_continue_from_h5md_reproduces_uninterrupted_run(tmp_path, ensemble):
     over = {"integrator.ensemble": ensemble}
     if ensemble == "langevin":
         over.update({"integrator.temperature": 1.2, "integrator.seed": 5})
-    full = small_config(tmp_path, **over, **{"time.steps": 30, "output.path": str(tmp_path / "a.h5md")})
+    full = small_config(
+        tmp_path, **over, **{"time.steps": 30, "output.path": str(tmp_path / "a.h5md")}
+    )
     run_config(full, dumps(full), engine=None, mesh=None, steps=None, out=None, progress=False)
-    cont = small_config(tmp_path, **over, **{"time.steps": 10, "output.path": str(tmp_path / "b.h5md")})
+    cont = small_config(
+        tmp_path, **over, **{"time.steps": 10, "output.path": str(tmp_path / "b.h5md")}
+    )
     cont["system"] = {"init": "h5md", "file": str(tmp_path / "a.h5md"), "frame": 2,
                       "dtype": "float64"}  # fmt: skip
     run_config(cont, dumps(cont), engine=None, mesh=None, steps=None, out=None, progress=False)

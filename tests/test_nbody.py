@@ -8,6 +8,8 @@ sums all sources in one reduction, so forces differ by round-off. We assert
 ``max|a_engine - a_single| <= 1e-12 * max|a_single|`` (measured: <= 6e-16).
 """
 
+import logging
+
 import h5py
 import jax
 import jax.numpy as jnp
@@ -166,14 +168,33 @@ def test_indivisible_particle_count_is_a_config_error():
         make_engine("bogus", 1)
 
 
-def test_chunked_run_is_one_compilation_and_equals_one_chunk():
+class _Messages(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize(
+    "engine,n_dev", [("single", 1), ("pmap", 2), ("shard_map", 4), ("sharded", 2)]
+)
+def test_chunked_run_compiles_once_and_equals_one_chunk(engine, n_dev):
     state = _random_system(32, seed=3)
     params = nb.make_params(0.01, 1.0, 0.05, dtype=F64)
-    eng = make_engine("shard_map", 4)
+    eng = make_engine(engine, n_dev)
     d = eng.init(state.pos, state.vel, state.mass, params)
-    one, _ = eng.run(d, params, 12)
-    for n in (5, 7):  # traced step count: different chunk lengths, same program
-        d, _ = eng.run(d, params, n)
+    one, _ = eng.run(d, params, 12)  # compiles
+    log = _Messages()
+    logging.getLogger("jax").addHandler(log)
+    try:
+        with jax.log_compiles(True):
+            for n in (5, 7):  # traced step count: other chunk lengths, same program
+                d, _ = eng.run(d, params, n)
+    finally:
+        logging.getLogger("jax").removeHandler(log)
+    assert [m for m in log.messages if m.startswith("Compiling")] == []
     np.testing.assert_array_equal(eng.fetch(d).pos, eng.fetch(one).pos)
 
 
@@ -200,8 +221,8 @@ def test_plummer_initial_conditions():
     assert abs(r_half / (1.305 * 3 * np.pi / 16) - 1) < 0.06
 
 
-@pytest.mark.parametrize("engine,n_dev", [("single", 1), ("pmap", 4)])
-def test_plummer_leapfrog_conserves_energy_and_momentum(engine, n_dev):
+@pytest.mark.parametrize("engine,n_dev,chunks", [("single", 1, 10), ("pmap", 4, 3)])
+def test_plummer_leapfrog_conserves_energy_and_momentum(engine, n_dev, chunks):
     pos, vel, mass = nb.plummer_sphere(256, seed=0, dtype=F64)
     params = nb.make_params(0.01, 1.0, 0.05, dtype=F64)
     eng = make_engine(engine, n_dev)
@@ -209,7 +230,7 @@ def test_plummer_leapfrog_conserves_energy_and_momentum(engine, n_dev):
     o0 = eng.observables(d, params)
     e0, l0 = float(o0.total), np.asarray(o0.angular_momentum)
     worst_de = worst_p = worst_l = 0.0
-    for _ in range(10):  # 400 steps = t 4 (~1.4 crossing times), checked every 40
+    for _ in range(chunks):  # single: 400 steps = t 4 (~1.4 crossing times); pmap: 120
         d, o = eng.run(d, params, 40)
         worst_de = max(worst_de, abs(float(o.total) / e0 - 1))
         worst_p = max(worst_p, np.abs(np.asarray(o.momentum)).max())

@@ -16,19 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax.numpy as jnp
-from jax import lax
-
-
-def mirror(inner: jnp.ndarray, axis: int) -> jnp.ndarray:
-    """``inner`` reversed along ``axis``, built from single-cell slices.
-
-    Same values as ``jnp.flip``; written as slices because the SPMD partitioner turns a
-    reverse along a sharded axis into an all-to-all, while slices of the edge shard stay local.
-    """
-    k = inner.shape[axis]
-    if k == 1:
-        return inner
-    return lax.concatenate([lax.slice_in_dim(inner, i, i + 1, axis=axis) for i in reversed(range(k))], axis)
 
 
 @dataclass(frozen=True)
@@ -46,7 +33,7 @@ class Dirichlet:
     periodic = False
 
     def fill(self, inner: jnp.ndarray, axis: int, side: int) -> jnp.ndarray:
-        return jnp.asarray(2 * self.value, inner.dtype) - mirror(inner, axis)
+        return jnp.asarray(2 * self.value, inner.dtype) - jnp.flip(inner, axis)
 
 
 @dataclass(frozen=True)
@@ -56,7 +43,7 @@ class Neumann:
     periodic = False
 
     def fill(self, inner: jnp.ndarray, axis: int, side: int) -> jnp.ndarray:
-        return mirror(inner, axis)
+        return jnp.flip(inner, axis)
 
 
 BoundaryCondition = Periodic | Dirichlet | Neumann

@@ -124,26 +124,18 @@ LATTICES = {"D2Q9": D2Q9, "D3Q19": D3Q19}
 # --------------------------------------------------------------------------------------------
 # Boundary conditions (halo fills)
 # --------------------------------------------------------------------------------------------
-def _shift_edge(x: jax.Array, axis: int, s: int) -> jax.Array:
-    """``out[i] = x[i + s]`` along ``axis`` (``s`` in -1, 0, 1), repeating the edge value."""
-    if s == 0:
-        return x
-    n = x.shape[axis]
-    if s > 0:
-        return lax.concatenate([lax.slice_in_dim(x, 1, n, axis=axis), lax.slice_in_dim(x, n - 1, n, axis=axis)], axis)
-    return lax.concatenate([lax.slice_in_dim(x, 0, 1, axis=axis), lax.slice_in_dim(x, 0, n - 1, axis=axis)], axis)
+RESTING, MOVING = 1, 2  # values of the ``wall`` flag field in ghost cells
 
 
 @dataclass(frozen=True)
 class BounceBack:
-    """Halfway bounce-back wall for the populations ``f`` (resting or moving: see module doc).
+    """Halo fill of the populations ``f`` at a wall (resting or moving).
 
-    The wall lies on the cell face between the last fluid cell and the first ghost cell. Ghost
-    cell ``g`` (first layer) gets ``f*_i(g) = f*_opp(i)(g + c_i)`` for every ``i``: for the
-    populations that stream into the fluid (``c_i`` pointing inwards) this is the reflected
-    post-collision population of the cell they stream into; the others are never read by a
-    fluid cell and just stay finite. Deeper ghost layers (halo width > 1) repeat the rule on
-    the mirror image (their values are never read by fluid cells either).
+    The ghost cell at mirror distance gets the opposite populations of the cell just inside,
+    ``f*_i(g) = f*_opp(i)(mirror(g))``: the exact halfway bounce-back value for the populations
+    normal to the wall. The full rule, diagonal and moving-wall populations included, is applied
+    by the update from the ``wall`` flag (see module docstring), because a fill sees one side
+    of a block only; this fill just keeps the ghost values physical and finite.
     """
 
     lattice: Lattice
@@ -154,32 +146,22 @@ class BounceBack:
 
         Args:
           inner: ``(Q, ..., k, ...)``: the ``k`` cells just inside the wall along ``axis``,
-            full (padded) extent on the other spatial axes; post-collision populations.
-          axis: array axis of ``inner`` normal to the wall (spatial axis ``axis - 1``).
+            post-collision populations.
+          axis: array axis of ``inner`` normal to the wall.
           side: -1 for the lower wall, +1 for the upper one.
 
         Returns:
           Same shape as ``inner``: the halo slab outside the wall.
         """
-        lat = self.lattice
-        lead = inner.ndim - lat.d
-        if lead != 1:
+        if inner.shape[0] != self.lattice.q:
             raise ValueError(f"BounceBack expects fields (Q, *spatial); got shape {inner.shape}")
-        a = axis - lead
         mirror = jnp.flip(inner, axis)
-        out = []
-        for i, ci in enumerate(lat.c):
-            src = mirror[lat.opp[i]]  # (*spatial): spatial axis t is array axis t here
-            for t, s in enumerate(ci):
-                if t != a:
-                    src = _shift_edge(src, t, s)
-            out.append(src)
-        return jnp.stack(out, axis=0)
+        return lax.concatenate([lax.slice_in_dim(mirror, o, o + 1, axis=0) for o in self.lattice.opp], 0)
 
 
 @dataclass(frozen=True)
 class WallFlag:
-    """Halo fill of the ``wall`` field: ``value`` (1 at moving walls, 0 at resting ones)."""
+    """Halo fill of the ``wall`` flag field: 1 in the ghost cells of a resting wall, 2 of a moving one."""
 
     value: int
     periodic = False
@@ -247,61 +229,68 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
 
     Args:
       lattice: ``D2Q9`` (2-D) or ``D3Q19`` (3-D).
-      bcs: per spatial axis ``(lower, upper)``, each ``boundary.Periodic()``, or
-        :class:`BounceBack` (a resting wall) or ``"lid"`` (a moving wall) -- the populations'
-        conditions are derived from these.
+      bcs: per spatial axis ``(lower, upper)``, each ``boundary.Periodic()``, ``"wall"`` (a
+        resting wall) or ``"lid"`` (a wall moving with ``params["u_wall"]``).
 
     Returns:
-      A ``GridModel`` named ``lbm`` with radius 1, field ``f`` ``(Q, *shape)`` (post-collision
-      populations, lattice units) and, when a wall moves, field ``wall`` ``(*shape)`` uint8
-      (0 everywhere; see module docstring). Params (array leaves, state dtype): ``viscosity``
-      (nu, lattice units; ``tau = 3 nu + 1/2``), ``u_wall`` ``(d,)`` (velocity of the moving
-      walls, lattice units), ``rho0`` (density used in the moving-wall term).
+      A ``GridModel`` named ``lbm`` with radius 1 and fields ``f`` ``(Q, *shape)``
+      (post-collision populations, lattice units, state dtype) and, when an axis has walls,
+      ``wall`` ``(*shape)`` uint8 (0 in the fluid; its halo fill marks the ghost cells of
+      walls). Params (array leaves, state dtype): ``viscosity`` (nu, lattice units;
+      ``tau = 3 nu + 1/2``), ``u_wall`` ``(d,)`` (velocity of the moving walls, lattice units),
+      ``rho0`` (density in the moving-wall term, lattice units).
     """
     d = lattice.d
     if len(bcs) != d:
         raise ValueError(f"{lattice.name} needs {d} axes of boundary conditions, got {len(bcs)}")
-    moving = any(b == "lid" for pair in bcs for b in pair)
     f_bcs, w_bcs = [], []
     for lo, hi in bcs:
         pair_f, pair_w = [], []
         for b in (lo, hi):
-            if b == "lid" or isinstance(b, BounceBack):
+            if b in ("wall", "lid"):
                 pair_f.append(BounceBack(lattice))
-                pair_w.append(WallFlag(1 if b == "lid" else 0))
+                pair_w.append(WallFlag(MOVING if b == "lid" else RESTING))
             elif getattr(b, "periodic", False):
                 pair_f.append(boundary.Periodic())
                 pair_w.append(boundary.Periodic())
             else:
-                raise ValueError(f"unsupported LBM boundary {b!r}")
+                raise ValueError(f"unsupported LBM boundary {b!r}; use Periodic(), 'wall' or 'lid'")
         f_bcs.append(tuple(pair_f))
         w_bcs.append(tuple(pair_w))
+    has_walls = not all(lo.periodic for lo, _ in f_bcs)
+    moving = any(b == "lid" for pair in bcs for b in pair)
     model_bcs = {"f": tuple(f_bcs)}
-    if moving:
+    if has_walls:
         model_bcs["wall"] = tuple(w_bcs)
-    weights, vels = lattice.w, lattice.c
+    vels, weights, opp = lattice.c, lattice.w, lattice.opp
+    zero = (0,) * d
 
     def update(state, params):
-        fp = state["f"]  # (Q, n + 2k, ...), post-collision
-        dtype = fp.dtype
-        if moving:
+        fp = state["f"]  # (Q, n_0 + 2k, ...), post-collision
+        if has_walls:
             wall = state["wall"]
-            uw = params["u_wall"]
+        if moving:
             scale = 6 * params["rho0"]  # 2 rho0 / c_s^2
+            uw = params["u_wall"]
         pulled = []
         for i, ci in enumerate(vels):
             back = tuple(-a for a in ci)
-            fi = stencils.shifted(fp[i], back, d)  # f*_i(x - c_i)
-            if moving and any(ci):
-                cu = sum(uw[a] * ca for a, ca in enumerate(ci) if ca)
-                fi = fi + stencils.shifted(wall, back, d).astype(dtype) * (scale * weights[i] * cu)
+            fi = stencils.shifted(fp[i], back, d)  # f*_i(x - c_i): streaming
+            if has_walls and any(ci):
+                # halfway bounce-back: the population that left x towards a wall comes back
+                flag = stencils.shifted(wall, back, d)
+                bounced = stencils.shifted(fp[opp[i]], zero, d)
+                if moving:
+                    cu = sum(uw[a] * ca for a, ca in enumerate(ci) if ca)
+                    bounced = jnp.where(flag == MOVING, bounced + (scale * weights[i]) * cu, bounced)
+                fi = jnp.where(flag != 0, bounced, fi)
             pulled.append(fi)
         rho, u = moments(lattice, pulled)
         feq = equilibrium(lattice, rho, u)
         omega = 1 / (3 * params["viscosity"] + 0.5)
         out = jnp.stack([fi + omega * (fe - fi) for fi, fe in zip(pulled, feq, strict=True)], axis=0)
         new = {"f": out}
-        if moving:
+        if has_walls:
             new["wall"] = stencils.crop(wall, 1, d)
         return new
 
@@ -317,7 +306,7 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
     units.update({f"u{AXES[a]}": "length/time" for a in range(d)})
     long_names = {
         "f": f"post-collision {lattice.name} populations (lattice units)",
-        "wall": "moving-wall flag (halo only; 0 in the fluid)",
+        "wall": "wall flag (0 in the fluid; the halo marks walls)",
         "rho": "density (lattice units)",
     }
     long_names.update({f"u{AXES[a]}": f"{AXES[a]} velocity (lattice units)" for a in range(d)})
@@ -466,16 +455,14 @@ def walls_from_config(cfg: Section, ndim: int) -> tuple:
     return tuple(out)
 
 
-def _model_bcs(walls, lattice: Lattice) -> tuple:
+def _model_bcs(walls) -> tuple:
     """``"periodic"``/``Periodic()``, ``"wall"``, ``"lid"`` -> what :func:`make_model` takes."""
 
     def one(b):
         if b == "periodic" or isinstance(b, boundary.Periodic):
             return boundary.Periodic()
-        if b == "lid":
-            return "lid"
-        if b == "wall":
-            return BounceBack(lattice)
+        if b in ("wall", "lid"):
+            return b
         raise ValueError(f"unknown LBM boundary {b!r}; use 'periodic', 'wall' or 'lid'")
 
     return tuple((one(lo), one(hi)) for lo, hi in walls)
@@ -550,7 +537,7 @@ def from_config(cfg: Section) -> GridSetup:
     st = cfg.section("steady")
     tol = st.get("tol", 0.0, min=0.0)
     every = st.get("every", 1000, kind=int, min=1)
-    model = make_model(lattice, _model_bcs(walls, lattice))
+    model = make_model(lattice, _model_bcs(walls))
     u_wall = [u_lid] + [0.0] * (d - 1)
     setup = GridSetup(
         model=model,
@@ -588,7 +575,7 @@ def lattice_setup(
     """
     d = len(shape)
     lattice = D2Q9 if d == 2 else D3Q19
-    model = make_model(lattice, _model_bcs(walls, lattice))
+    model = make_model(lattice, _model_bcs(walls))
     u = u0 if u0 is not None else [np.zeros(shape)] * d
     domain = Domain(tuple(shape), tuple(float(n) for n in shape), dtype)
     setup = GridSetup(

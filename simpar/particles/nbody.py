@@ -176,6 +176,7 @@ def potentials(
     return _over_target_blocks(dense, targets_pos, target_block)
 
 
+@jax.jit
 def potential_energy(pos: Array, mass: Array, G: Array, eps: Array) -> Array:
     """Total potential energy ``W = 1/2 sum_i m_i phi_i`` of a whole system.
 
@@ -262,6 +263,7 @@ def block_observables(pos: Array, vel: Array, mass: Array, phi: Array) -> Observ
     )
 
 
+@jax.jit
 def observables(state: NBodyState, G: Array, eps: Array) -> Observables:
     """Observables of a whole system on one device (all-pairs potential).
 
@@ -287,7 +289,7 @@ def init_state(pos: Array, vel: Array, mass: Array, G: Array, eps: Array, dtype=
     """
     dtype = dtype or jnp.asarray(pos).dtype
     pos, vel, mass = (jnp.asarray(a, dtype) for a in (pos, vel, mass))
-    acc = accelerations(pos, pos, mass, jnp.asarray(G, dtype), jnp.asarray(eps, dtype))
+    acc = jax.jit(accelerations)(pos, pos, mass, jnp.asarray(G, dtype), jnp.asarray(eps, dtype))
     return NBodyState(pos=pos, vel=vel, acc=acc, mass=mass)
 
 

@@ -55,9 +55,7 @@ def lennard_jones(
     return PairPotential(a(epsilon), a(sigma), a(cutoff), a(0.0), a(float(shift)), "lj")
 
 
-def morse(
-    d0=1.0, alpha=5.0, r0=1.0, cutoff=2.5, shift=False, dtype=jnp.float64
-) -> PairPotential:
+def morse(d0=1.0, alpha=5.0, r0=1.0, cutoff=2.5, shift=False, dtype=jnp.float64) -> PairPotential:
     """Morse potential with depth ``d0``, stiffness ``alpha``, minimum at ``r0``."""
     a = lambda x: jnp.asarray(x, dtype=dtype)  # noqa: E731
     return PairPotential(a(d0), a(r0), a(cutoff), a(alpha), a(float(shift)), "morse")

@@ -87,9 +87,7 @@ def _read(data: dict, engine, mesh, steps, out):
         cfg["cells"] = sysc.get("cells", kind=int, length=3, min=1)
         cfg["temperature"] = sysc.get("temperature", 0.0, min=0.0)
         cfg["seed"] = sysc.get("seed", 0, kind=int, min=0)
-        cfg["boundary"] = sysc.get(
-            "boundary", "periodic", kind=str, choices=("periodic", "none")
-        )
+        cfg["boundary"] = sysc.get("boundary", "periodic", kind=str, choices=("periodic", "none"))
     else:
         path = sysc.get("file", kind=str)
         cfg["frame"] = sysc.get("frame", -1, kind=int)
@@ -98,15 +96,14 @@ def _read(data: dict, engine, mesh, steps, out):
         try:
             cfg["restart"] = h5md.read_frame(path, cfg["frame"])
         except (OSError, ValueError, KeyError) as err:
-            raise ConfigError("system.file", f"cannot read a state from {path!r}: {err}")
+            msg = f"cannot read a state from {path!r}: {err}"
+            raise ConfigError("system.file", msg) from None
         fr = cfg["restart"]
         if fr["velocity"] is None:
             raise ConfigError("system.file", f"{path!r} has no velocities to continue from")
         bnd = fr["boundary"]
         default_b = "none" if all(b == "none" for b in bnd) else "periodic"
-        cfg["boundary"] = sysc.get(
-            "boundary", default_b, kind=str, choices=("periodic", "none")
-        )
+        cfg["boundary"] = sysc.get("boundary", default_b, kind=str, choices=("periodic", "none"))
         if fr["box"] is None and cfg["boundary"] == "periodic":
             raise ConfigError("system.file", f"{path!r} has no box/edges for a periodic run")
         cfg["file"] = path
@@ -318,7 +315,8 @@ def run_config(
                 sim.advance(k)
             except RuntimeError as err:
                 raise SimulationError(
-                    step0 + done, f"neighbour list overflow could not be repaired ({err})",
+                    step0 + done,
+                    f"neighbour list overflow could not be repaired ({err})",
                     "raise neighbors.max_neighbors or check for collapsing particles",
                     f"{path} (frame {writer.frames - 1})",
                 ) from None

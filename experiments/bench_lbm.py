@@ -1,0 +1,145 @@
+"""Benchmark: lattice Boltzmann D2Q9 (BGK), 1024^2 float32, in M lattice updates per second.
+
+What it shows: the throughput of one fused collide + stream pass per step on each engine, and
+how close it is to the memory roofline. One D2Q9 update reads and writes the 9 populations of
+a cell: 2 x 9 x 4 = 72 bytes in float32, so ``roofline MLUPS = bandwidth / 72 bytes``. The
+bandwidth is measured on the same devices with a large copy (``jax`` copy of a 256 MB
+float32 array, bytes read + written per second; numpy's ``copyto`` is reported too).
+
+Every case is warmed up (compiled and run once), then timed over ``--repeats`` chunks of
+``--steps`` steps; the best chunk counts. Prints one JSON object.
+
+Run (about 1-2 min on 2 CPU cores):
+    python experiments/bench_lbm.py                    # periodic box (pure streaming + BGK)
+    python experiments/bench_lbm.py --walls            # lid-driven cavity (bounce-back + lid)
+    python experiments/bench_lbm.py --size 512 --steps 20
+On CPU, ``--devices N`` (default 2) virtual devices are created before JAX starts; they share
+the machine's cores and memory bandwidth, so multi-device numbers on one CPU show overhead,
+not speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+CASES = (
+    ("single", (1,), None),
+    ("pmap", (1,), None),
+    ("pmap", (2,), None),
+    ("shard_map", (1,), None),
+    ("shard_map", (2,), None),
+    ("sharded", (2,), None),
+)
+
+
+def bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> dict:
+    """Copy bandwidth (bytes read + written per second) of a ``nbytes`` float32 array."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    n = nbytes // 4
+    a = np.random.default_rng(0).random(n, dtype=np.float32)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    numpy_bw = 2 * nbytes / best
+    x = jax.device_put(a, jax.devices()[0])
+    copy = jax.jit(lambda v: v * jnp.float32(1.0000001))  # a real pass (a plain copy may be elided)
+    copy(x).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        copy(x).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return {"numpy_copy_GBps": numpy_bw / 1e9, "jax_copy_GBps": 2 * nbytes / best / 1e9}
+
+
+def bench_case(setup, engine: str, mesh, halo, steps: int, repeats: int) -> dict:
+    import jax
+
+    from simpar.parallel.engines import make_engine
+
+    e = make_engine(engine, setup.model, setup.domain.shape, mesh, halo)
+    st = e.place(setup.state)
+    st = e.advance(st, setup.params, steps)  # compile + warm up
+    jax.block_until_ready(st)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        st = e.advance(st, setup.params, steps)
+        jax.block_until_ready(st)
+        best = min(best, time.perf_counter() - t0)
+    cells = 1
+    for n in setup.domain.shape:
+        cells *= n
+    return {"engine": engine, "mesh": list(mesh), "halo": e.halo, "mlups": cells * steps / best / 1e6,
+            "s_per_step": best / steps}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=20, help="steps per timed chunk")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--walls", action="store_true", help="lid-driven cavity instead of a periodic box")
+    p.add_argument("--engines", default=None, help="comma-separated subset, e.g. single,pmap")
+    p.add_argument("--halo", type=int, default=None, help="halo width (default: the engines' default)")
+    args = p.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    if jax.config.jax_platforms in (None, "", "cpu"):
+        jax.config.update("jax_num_cpu_devices", args.devices)
+    import numpy as np
+
+    from simpar.grid import lbm
+
+    n = args.size
+    walls = (("wall", "wall"), ("wall", "lid")) if args.walls else (("periodic",) * 2,) * 2
+    rng = np.random.default_rng(0)
+    u0 = [0.01 * rng.standard_normal((n, n)) for _ in range(2)]
+    setup = lbm.lattice_setup((n, n), walls=walls, viscosity=0.05, u_lid=0.1 if args.walls else 0.0,
+                              dtype="float32", u0=u0)
+    bw = bandwidth()
+    bytes_per_update = 2 * 9 * 4
+    roof = bw["jax_copy_GBps"] * 1e9 / bytes_per_update / 1e6
+    results = []
+    wanted = set(args.engines.split(",")) if args.engines else None
+    for engine, mesh, halo in CASES:
+        if wanted and engine not in wanted:
+            continue
+        if np.prod(mesh) > len(jax.devices()):
+            continue
+        r = bench_case(setup, engine, mesh, args.halo if args.halo else halo, args.steps, args.repeats)
+        r["roofline_ratio"] = r["mlups"] / roof
+        results.append(r)
+        print(json.dumps(r), file=sys.stderr, flush=True)
+    out = {
+        "model": "lbm D2Q9 BGK",
+        "case": "cavity (bounce-back + lid)" if args.walls else "periodic",
+        "shape": [n, n],
+        "dtype": "float32",
+        "bytes_per_update": bytes_per_update,
+        "bandwidth": bw,
+        "roofline_mlups": roof,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": len(jax.devices()),
+        "cpu_count": os.cpu_count(),
+        "results": results,
+    }
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
