@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -127,10 +126,10 @@ def main(argv=None) -> int:
     if args.path:
         print(json.dumps(from_file(args.path, args.re[0] if len(args.re) == 1 else None)))
         return 0
-    if args.devices:
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        import jax
+    import jax
 
+    jax.config.update("jax_enable_x64", True)  # honour grid.dtype = "float64"
+    if args.devices:
         jax.config.update("jax_num_cpu_devices", args.devices)
     if args.mesh:
         args.mesh = tuple(int(m) for m in args.mesh.lower().split("x"))

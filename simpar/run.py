@@ -85,7 +85,8 @@ def run_config(
             raise ConfigError("--resume", f"restart is available for grid models; not yet for {name!r}")
         module = importlib.import_module(PARTICLE_MODELS[name])
         return module.run_config(
-            data, config_text, engine=engine, mesh=mesh, steps=steps, out=out, progress=progress
+            data, config_text, engine=engine, mesh=mesh, steps=steps, out=out, progress=progress,
+            overwrite=overwrite,
         )
     return run_grid(data, config_text, engine=engine, mesh=mesh, steps=steps, out=out,
                     overwrite=overwrite, progress=progress, resume=resume)

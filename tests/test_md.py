@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from simpar.config import dumps
-from simpar.errors import ConfigError
+from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
 from simpar.particles import lattice, md, neighbors, potentials, space
 from simpar.particles.run import run_config
@@ -88,20 +88,21 @@ def test_potentials_force_is_minus_gradient():
 
 
 @pytest.mark.parametrize("periodic", [True, False])
-def test_cell_list_matches_all_pairs(periodic):
-    key = jax.random.PRNGKey(3)
-    r = jax.random.uniform(key, (700, 3), F64) * 9.0
-    spc = space.periodic([9.0, 9.0, 9.0]) if periodic else space.free([9.0, 9.0, 9.0])
-    spec_c, nb_c = neighbors.allocate(spc, r, cutoff=1.2, skin=0.3)
-    spec_a, nb_a = neighbors.allocate(spc, r, cutoff=1.2, skin=0.3, all_pairs=True)
+def test_cell_list_matches_brute_force(periodic):
+    box = np.array([9.0, 7.5, 12.0])  # not cubic: catches axis mix-ups
+    r = jax.random.uniform(jax.random.PRNGKey(3), (700, 3), F64) * box
+    valid = jnp.arange(700) < 690  # the last 10 slots are empty
+    spc = space.periodic(box) if periodic else space.free(box)
+    spec_c, nb_c = neighbors.allocate(spc, r, valid, cutoff=1.2, skin=0.3)
+    spec_a, nb_a = neighbors.allocate(spc, r, valid, cutoff=1.2, skin=0.3, all_pairs=True)
     assert spec_c.cells is not None and spec_a.cells is None
     assert not bool(nb_c.did_overflow) and not bool(nb_a.did_overflow)
     rn = np.asarray(r)
     for i in range(0, 700, 7):
-        d = rn - rn[i]
+        d = rn[:690] - rn[i]
         if periodic:
-            d -= 9.0 * np.round(d / 9.0)
-        ref = set(np.nonzero(np.sum(d * d, 1) < 1.5**2)[0]) - {i}
+            d -= box * np.round(d / box)
+        ref = set(np.nonzero(np.sum(d * d, 1) < 1.5**2)[0]) - {i} if i < 690 else set()
         for nb in (nb_c, nb_a):
             row = np.asarray(nb.idx[i])
             assert set(row[row < 700]) == ref
@@ -197,6 +198,17 @@ def test_h5md_written_and_opened_by_mdanalysis(tmp_path):
     assert fr["observables"]["pressure"] == pytest.approx(res["thermo"]["pressure"])
     np.testing.assert_allclose(fr["box"], 5 * (4 / 0.8442) ** (1 / 3))
 
+    # a state exported by another code (MDAnalysis's own H5MD writer, float32) continues
+    other = str(tmp_path / "other.h5md")
+    with MDAnalysis.Writer(other, n_atoms=500, velocities=True) as w:
+        w.write(u.atoms)  # the last frame
+    cont = small_config(tmp_path, **{"output.path": str(tmp_path / "c.h5md")})
+    cont["system"] = {"init": "h5md", "file": other}
+    res2 = run_config(cont, dumps(cont), engine=None, mesh=None, steps=0, out=None,
+                      progress=False)  # fmt: skip
+    for k in ("potential_energy", "temperature", "pressure"):
+        assert res2["thermo0"][k] == pytest.approx(res["thermo"][k], rel=1e-5)
+
 
 @pytest.mark.parametrize("ensemble", ["nve", "langevin"])
 def test_continue_from_h5md_reproduces_uninterrupted_run(tmp_path, ensemble):
@@ -263,6 +275,13 @@ def test_invalid_config_raises_before_any_file(tmp_path, key, value, match):
     with pytest.raises(ConfigError, match=match):
         run_config(cfg, dumps(cfg), engine=None, mesh=None, steps=None, out=None, progress=False)
     assert not (tmp_path / "t.h5md").exists()
+
+
+def test_unstable_run_raises_simulation_error(tmp_path):
+    cfg = small_config(tmp_path, **{"time.dt": 0.05, "time.steps": 100})
+    with pytest.raises(SimulationError, match=r"run failed at step \d+: .*reduce time.dt"):
+        run_config(cfg, dumps(cfg), engine=None, mesh=None, steps=None, out=None, progress=False)
+    assert h5md.n_frames(tmp_path / "t.h5md") >= 1  # frames before the failure are kept
 
 
 def test_melt_experiment_step0_matches_lammps(tmp_path, capsys):

@@ -110,7 +110,9 @@ def _sweep(q, vel_a, ax: int, courant_factor, scheme: str, limiter: str):
     if scheme == "upwind":
         a = 0.5 * (_sl(vel_a, ax, 0, m - 1) + _sl(vel_a, ax, 1, m)) if field else vel_a
         flux = jnp.maximum(a, 0) * _sl(q, ax, 0, m - 1) + jnp.minimum(a, 0) * _sl(q, ax, 1, m)
-        return _sl(q, ax, 1, m - 1) - courant_factor * (_sl(flux, ax, 1, m - 1) - _sl(flux, ax, 0, m - 2))
+        return _sl(q, ax, 1, m - 1) - courant_factor * (
+            _sl(flux, ax, 1, m - 1) - _sl(flux, ax, 0, m - 2)
+        )
     # muscl: slopes in cells 1..m-2, faces f = 1..m-3 (between cells f and f+1), new cells 2..m-3
     diff = _sl(q, ax, 1, m) - _sl(q, ax, 0, m - 1)
     slope = _limited_slope(_sl(diff, ax, 0, m - 2), _sl(diff, ax, 1, m - 1), limiter)
@@ -119,7 +121,9 @@ def _sweep(q, vel_a, ax: int, courant_factor, scheme: str, limiter: str):
     q_left = _sl(q, ax, 1, m - 2) + 0.5 * (1 - nu) * _sl(slope, ax, 0, m - 3)
     q_right = _sl(q, ax, 2, m - 1) - 0.5 * (1 + nu) * _sl(slope, ax, 1, m - 2)
     flux = jnp.maximum(a, 0) * q_left + jnp.minimum(a, 0) * q_right
-    return _sl(q, ax, 2, m - 2) - courant_factor * (_sl(flux, ax, 1, m - 3) - _sl(flux, ax, 0, m - 4))
+    return _sl(q, ax, 2, m - 2) - courant_factor * (
+        _sl(flux, ax, 1, m - 3) - _sl(flux, ax, 0, m - 4)
+    )
 
 
 def make_model(
@@ -169,7 +173,9 @@ def make_model(
 
     field_bcs = {"q": bcs}
     for a, name in enumerate(vnames):
-        field_bcs[name] = tuple(_velocity_bcs(lo, hi, normal=(b == a)) for b, (lo, hi) in enumerate(bcs))
+        field_bcs[name] = tuple(
+            _velocity_bcs(lo, hi, normal=(b == a)) for b, (lo, hi) in enumerate(bcs)
+        )
     return GridModel(
         name="advection",
         ndim=ndim,
@@ -222,8 +228,14 @@ def courant_number(domain: Domain, dt: float, max_speed) -> float:
     return max(s * dt / h for s, h in zip(max_speed, domain.dx, strict=True))
 
 
-def sine_profile(domain: Domain, modes, amplitude: float = 1.0, offset: float = 0.0, t: float = 0.0,
-                 velocity=None) -> np.ndarray:
+def sine_profile(
+    domain: Domain,
+    modes,
+    amplitude: float = 1.0,
+    offset: float = 0.0,
+    t: float = 0.0,
+    velocity=None,
+) -> np.ndarray:
     """``offset + amplitude * prod_i sin(2 pi k_i (x_i - v_i t) / L_i)``, float64: periodic and
     smooth; with a uniform ``velocity`` the exact solution at time ``t``."""
     v = velocity if velocity is not None else [0.0] * domain.ndim

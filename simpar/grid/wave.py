@@ -142,7 +142,9 @@ def laplacian_np(u: np.ndarray, domain: Domain, bcs: tuple) -> np.ndarray:
             below, above = np.roll(u, 1, a), np.roll(u, -1, a)
         else:
             below = np.concatenate([_ghost(lo, np.take(u, [0], a)), np.take(u, range(n - 1), a)], a)
-            above = np.concatenate([np.take(u, range(1, n), a), _ghost(hi, np.take(u, [n - 1], a))], a)
+            above = np.concatenate(
+                [np.take(u, range(1, n), a), _ghost(hi, np.take(u, [n - 1], a))], a
+            )
         out += (above + below - 2 * u) / h**2
     return out
 
@@ -163,7 +165,8 @@ def sine_mode(domain: Domain, modes, amplitude: float = 1.0) -> np.ndarray:
     even ``k_i``): ``L phi = -discrete_eigenvalue(domain, modes) * phi``.
     """
     factors = [
-        np.sin(np.pi * k * x / L) for k, x, L in zip(modes, domain.mesh(), domain.length, strict=True)
+        np.sin(np.pi * k * x / L)
+        for k, x, L in zip(modes, domain.mesh(), domain.length, strict=True)
     ]
     return amplitude * np.prod(factors, axis=0)
 
@@ -176,7 +179,9 @@ def discrete_eigenvalue(domain: Domain, modes) -> float:
     )
 
 
-def standing_wave(domain: Domain, modes, amplitude: float, c: float, t: float, dt: float | None = None):
+def standing_wave(
+    domain: Domain, modes, amplitude: float, c: float, t: float, dt: float | None = None
+):
     """The standing wave started at rest from ``sine_mode``, at time ``t``; float64.
 
     Args:
@@ -186,7 +191,9 @@ def standing_wave(domain: Domain, modes, amplitude: float, c: float, t: float, d
     """
     phi = sine_mode(domain, modes, amplitude)
     if dt is None:
-        omega = c * math.sqrt(sum((math.pi * k / L) ** 2 for k, L in zip(modes, domain.length, strict=True)))
+        omega = c * math.sqrt(
+            sum((math.pi * k / L) ** 2 for k, L in zip(modes, domain.length, strict=True))
+        )
     else:
         omega = math.acos(1 - (c * dt) ** 2 * discrete_eigenvalue(domain, modes) / 2) / dt
     return math.cos(omega * t) * phi

@@ -211,7 +211,12 @@ class ShardedEngine(Engine):
         return NamedSharding(self.mesh, P(*lead, *self.grid.axis_names))
 
     def place(self, state):
-        return {f: jax.device_put(np.asarray(u), self.sharding(np.ndim(u))) for f, u in state.items()}
+        # each process materialises only the shards its own devices hold (multi-host ready)
+        out = {}
+        for f, u in state.items():
+            u = np.asarray(u)
+            out[f] = jax.make_array_from_callback(u.shape, self.sharding(u.ndim), lambda idx, u=u: u[idx])
+        return out
 
     def _compile_advance(self, n):
         comm = LocalComm(self.model.ndim)

@@ -48,7 +48,8 @@ class MDState(NamedTuple):
       valid: bool[N], occupied slots.
       key: uint32[2], raw ``jax.random`` key (Langevin noise).
       step: int32[], time-step counter.
-      e_pair: float[], total pair energy at ``position`` (epsilon).
+      e_pair: float[], total pair energy at ``position`` (epsilon); refreshed at the
+        end of every chunk (``run_chunk``), not inside the time steps.
       virial: float[], total pair virial ``sum_{i<j} r_ij . f_ij`` (epsilon).
     """
 
@@ -83,7 +84,7 @@ def make_params(dt: float, kt: float = 0.0, gamma: float = 0.0, dtype=jnp.float6
     return MDParams(a(dt), a(kt), a(gamma))
 
 
-def pair_forces(pot: PairPotential, space: Space, r, idx):
+def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True):
     """Forces, pair energy and virial from a full neighbour list.
 
     Args:
@@ -91,10 +92,12 @@ def pair_forces(pot: PairPotential, space: Space, r, idx):
       space: the space.
       r: float[N, 3] positions (sigma).
       idx: int32[N, M] neighbour indices padded with N.
+      energy: static; False returns the force alone (the time steps need nothing else,
+        and the two extra reductions cost ~40% of the kernel on CPU).
 
     Returns:
       (force float[N, 3], e_pair scalar, virial scalar); each pair is seen twice in a
-      full list, hence the factors 1/2.
+      full list, hence the factors 1/2. Only the force when ``energy`` is False.
     """
     n = r.shape[0]
     mask = idx < n
@@ -111,6 +114,8 @@ def pair_forces(pot: PairPotential, space: Space, r, idx):
         r2 = r2 + dx * dx
     e, f_over_r = pair_terms(pot, r2, mask)
     force = jnp.stack([jnp.sum(f_over_r * dx, axis=1) for dx in comps], axis=-1)
+    if not energy:
+        return force
     return force, 0.5 * jnp.sum(e), 0.5 * jnp.sum(f_over_r * r2)
 
 
@@ -127,24 +132,26 @@ def _step(ensemble, spec, space, pot, params, state, nbrs):
 
     def force_fn(r):
         nb = neighbors.update(spec, space, nbrs, r, valid)
-        f, e, w = pair_forces(pot, space, r, nb.idx)
-        return jnp.where(valid[:, None], f, 0.0), (nb, e, w)
+        f = pair_forces(pot, space, r, nb.idx, energy=False)
+        return jnp.where(valid[:, None], f, 0.0), nb
 
     shift = functools.partial(wrap, space)
     key = state.key
     if ensemble == "nve":
-        r, v, f, (nb, e, w) = integrate.velocity_verlet(
+        r, v, f, nb = integrate.velocity_verlet(
             state.position, state.velocity, state.force, state.mass, params.dt,
             force_fn, shift,
         )  # fmt: skip
     else:
-        r, v, f, (nb, e, w), key = integrate.langevin_baoab(
+        r, v, f, nb, key = integrate.langevin_baoab(
             state.position, state.velocity, state.force, state.mass, params.dt,
             params.gamma, params.kt, state.key, force_fn, shift,
         )  # fmt: skip
         v = jnp.where(valid[:, None], v, 0.0)
         r = jnp.where(valid[:, None], r, state.position)
-    new = MDState(r, v, f, state.mass, valid, key, state.step + 1, e, w)
+    # e_pair / virial are refreshed once per chunk (run_chunk), not every step
+    new = MDState(r, v, f, state.mass, valid, key, state.step + 1, state.e_pair,
+                  state.virial)  # fmt: skip
     return new, nb
 
 
@@ -174,7 +181,8 @@ def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotentia
         return i + 1, s, nb
 
     _, state, nbrs = jax.lax.while_loop(cond, body, (jnp.int32(0), state, nbrs))
-    return state, nbrs
+    _, e, w = pair_forces(pot, space, state.position, nbrs.idx)
+    return state._replace(e_pair=e, virial=w), nbrs
 
 
 @jax.jit

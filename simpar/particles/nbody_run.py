@@ -159,6 +159,7 @@ def run_config(
     steps: int | None,
     out: str | None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> dict:
     """Run an N-body config and write its H5MD output.
 
@@ -219,6 +220,10 @@ def run_config(
         )
     if path.is_dir():
         raise ConfigError(path_key, f"{str(path)!r} is a directory")
+    if path.exists() and not overwrite:
+        raise ConfigError(
+            "--out", f"output file {path} exists; pass --overwrite to replace it or choose another --out"
+        )
     if dtype == "float64" and not jax.config.jax_enable_x64:
         # The driver is a top-level entry point: float64 runs need 64-bit JAX.
         jax.config.update("jax_enable_x64", True)

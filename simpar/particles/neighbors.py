@@ -208,7 +208,7 @@ def build(spec: NeighborSpec, space: Space, r: jax.Array, valid: jax.Array) -> N
 
     else:
         order, s_a, len_a, s_b, len_b = _column_ranges(spec, space, r, valid)
-        rs, vs = r[order], valid[order]
+        rs, vs = r[order], None  # invalid slots sit in a sentinel cell: never candidates
         nw, ns = _split(spec.column_capacity)
         slot = jnp.arange(nw * ns, dtype=jnp.int32)
         inv = jnp.zeros(n, jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
@@ -238,7 +238,9 @@ def build(spec: NeighborSpec, space: Space, r: jax.Array, valid: jax.Array) -> N
                 box = space.box[d].astype(r.dtype)
                 dx = dx - box * jnp.round(dx / box)
             r2 = r2 + dx * dx
-        mask = ok & (r2 < rad2) & vs[sidx] & (sidx != i_sorted[:, None, None])
+        mask = ok & (r2 < rad2) & (sidx != i_sorted[:, None, None])
+        if vs is not None:
+            mask = mask & vs[sidx]
         mask = mask & vi[:, None, None]
         src, cnt = _compact_words(mask, m)
         flat = sidx.reshape(blk, -1)

@@ -66,10 +66,11 @@ def _raw(pot: PairPotential, r2: jax.Array) -> tuple[jax.Array, jax.Array]:
     eps = pot.epsilon.astype(r2.dtype)
     sig = pot.sigma.astype(r2.dtype)
     if pot.kind == "lj":
-        s2 = sig * sig / r2
+        inv_r2 = 1.0 / r2  # one division per pair
+        s2 = sig * sig * inv_r2
         s6 = s2 * s2 * s2
         energy = 4.0 * eps * s6 * (s6 - 1.0)
-        f_over_r = 24.0 * eps * s6 * (2.0 * s6 - 1.0) / r2
+        f_over_r = 24.0 * eps * s6 * (2.0 * s6 - 1.0) * inv_r2
         return energy, f_over_r
     if pot.kind == "morse":
         alpha = pot.alpha.astype(r2.dtype)

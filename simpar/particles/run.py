@@ -211,6 +211,22 @@ def _check_geometry(cfg, box):
             )
 
 
+def _blown_up(sim: md.Simulation, th: dict, dt: float) -> str | None:
+    """Why the run cannot go on (non-finite values, atoms jumping > 0.5 sigma per step)."""
+    if not all(math.isfinite(x) for x in th.values()):
+        return "non-finite energy or pressure (the run blew up)"
+    s = sim.state
+    if not bool(jnp.all(jnp.isfinite(s.position))):
+        return "non-finite positions (the run blew up)"
+    vmax = float(jnp.sqrt(jnp.max(jnp.sum(s.velocity * s.velocity, axis=-1))))
+    if vmax * dt > 0.5:
+        return (
+            f"unstable integration: the fastest atom moves {vmax * dt:.3g} sigma per "
+            f"step (T = {th['temperature']:.3g})"
+        )
+    return None
+
+
 def run_config(
     data: dict,
     config_text: str,
@@ -285,7 +301,9 @@ def run_config(
         seed=seed if cfg["ensemble"] == "nve" else cfg["noise_seed"], model="lj",
     )  # fmt: skip
     attrs.update(dt=cfg["dt"], ensemble=cfg["ensemble"], potential=cfg["kind"],
-                 cutoff=cfg["cutoff"], skin=cfg["skin"], n_atoms=np.int64(n))  # fmt: skip
+                 cutoff=cfg["cutoff"], skin=cfg["skin"], n_atoms=np.int64(n),
+                 velocity_seed=np.int64(-1 if seed is None else seed),
+                 noise_seed=np.int64(cfg["noise_seed"]))  # fmt: skip
     path = cfg["path"]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     boundary = [cfg["boundary"]] * 3
@@ -322,11 +340,10 @@ def run_config(
                 ) from None
             done += k
             th = sim.thermo()
-            if not all(math.isfinite(x) for x in th.values()) or not bool(
-                jnp.all(jnp.isfinite(sim.state.position))
-            ):
+            problem = _blown_up(sim, th, cfg["dt"])
+            if problem:
                 raise SimulationError(
-                    step0 + done, "non-finite positions or energy (the run blew up)",
+                    step0 + done, problem,
                     "reduce time.dt (or check the potential and initial state)",
                     f"{path} (frame {writer.frames - 1})",
                 )  # fmt: skip
