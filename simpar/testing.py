@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -57,3 +59,19 @@ def run_engines(model: GridModel, state: dict, params, n: int,
 def max_abs_diff(a: dict, b: dict) -> float:
     return max(float(np.max(np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64))))
                for k in a)
+
+
+# Without FMA (XLA_FLAGS=--xla_cpu_max_isa=AVX, set by tests/conftest.py on x86) every engine
+# equals ``single`` bitwise, as the per-cell arithmetic is the same. With FMA, XLA:CPU contracts
+# ``a * b + c`` into one rounding wherever both sit in one fusion, and programs that fuse
+# differently (another engine, halo width or mesh) then differ in a few cells by an ulp per step.
+FMA_OFF = re.search(r"--xla_cpu_max_isa=(SSE4_2|AVX)\b", os.environ.get("XLA_FLAGS", "")) is not None
+ENGINE_ATOL = 0.0 if FMA_OFF else 1e-14
+
+
+def assert_same_field(got, ref, msg: str = "") -> None:
+    """Bitwise without FMA; within ``ENGINE_ATOL`` (fields of order 1) with it."""
+    if FMA_OFF:
+        np.testing.assert_array_equal(got, ref, err_msg=msg)
+    else:
+        np.testing.assert_allclose(got, ref, rtol=0, atol=ENGINE_ATOL, err_msg=msg)

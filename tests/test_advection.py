@@ -15,8 +15,6 @@ References and tolerances (float64):
   with it (see ``assert_same_field``).
 """
 
-import os
-import re
 import tomllib
 from pathlib import Path
 
@@ -30,27 +28,9 @@ from simpar.grid.boundary import Dirichlet, Neumann, Periodic
 from simpar.grid.domain import Domain
 from simpar.grid.heat import gaussian
 from simpar.parallel.engines import make_engine
-from simpar.testing import run_engine
+from simpar.testing import assert_same_field, run_engine
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "advection2d.toml"
-
-
-# Without FMA (XLA_FLAGS=--xla_cpu_max_isa=AVX or SSE4_2) every engine equals ``single``
-# bitwise, as the per-cell arithmetic is the same. With FMA, XLA:CPU contracts ``a * b + c``
-# into one rounding wherever both sit in one fusion, and programs that fuse differently (another
-# engine, halo width or mesh) then differ in a few cells by an ulp per step: compared to 1e-14.
-FMA_OFF = (
-    re.search(r"--xla_cpu_max_isa=(SSE4_2|AVX)\b", os.environ.get("XLA_FLAGS", "")) is not None
-)
-ENGINE_ATOL = 0.0 if FMA_OFF else 1e-14
-
-
-def assert_same_field(got, ref, msg=""):
-    """Bitwise without FMA; within ``ENGINE_ATOL`` (fields of order 1) with it."""
-    if FMA_OFF:
-        np.testing.assert_array_equal(got, ref, err_msg=msg)
-    else:
-        np.testing.assert_allclose(got, ref, rtol=0, atol=ENGINE_ATOL, err_msg=msg)
 
 
 # radius 2 (muscl): halo >= 2, block >= halo; every engine, 1-D and 2-D meshes, halo 2-4

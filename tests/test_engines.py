@@ -12,7 +12,7 @@ from simpar.grid import heat
 from simpar.grid.boundary import Dirichlet, Neumann, Periodic
 from simpar.grid.domain import Domain
 from simpar.parallel.engines import make_engine
-from simpar.testing import ENGINE_CASES_2D, ENGINE_CASES_3D, run_engine, run_engines
+from simpar.testing import ENGINE_CASES_2D, ENGINE_CASES_3D, assert_same_field, run_engine, run_engines
 
 PER = (Periodic(), Periodic())
 WALLS = (Dirichlet(0.5), Neumann())
@@ -34,7 +34,7 @@ def test_heat2d_every_engine_equals_single_bitwise(bcs):
     results = run_engines(model, state, params, 7, ENGINE_CASES_2D)
     ref = results[("single", (1,), 1)]["u"]
     for case, out in results.items():
-        np.testing.assert_array_equal(out["u"], ref, err_msg=str(case))
+        assert_same_field(out["u"], ref, str(case))
 
 
 def test_heat2d_9point_stencil_uses_corners_and_matches():
@@ -43,7 +43,7 @@ def test_heat2d_9point_stencil_uses_corners_and_matches():
     results = run_engines(model, state, params, 6, cases)
     ref = results[("single", (1,), 1)]["u"]
     for case, out in results.items():
-        np.testing.assert_array_equal(out["u"], ref, err_msg=str(case))
+        assert_same_field(out["u"], ref, str(case))
 
 
 @pytest.mark.parametrize("periodic", [True, False])
@@ -53,7 +53,7 @@ def test_heat3d_every_engine_equals_single_bitwise(periodic):
     results = run_engines(model, state, params, 5, ENGINE_CASES_3D)
     ref = results[("single", (1,), 1)]["u"]
     for case, out in results.items():
-        np.testing.assert_array_equal(out["u"], ref, err_msg=str(case))
+        assert_same_field(out["u"], ref, str(case))
 
 
 def test_float32_engines_agree():
@@ -62,7 +62,7 @@ def test_float32_engines_agree():
     for engine, mesh, halo in [("pmap", (2, 4), 3), ("shard_map", (8,), 1), ("sharded", (4, 2), 2)]:
         out, _ = run_engine(engine, model, state, params, 9, mesh, halo)
         assert out["u"].dtype == np.float32
-        np.testing.assert_array_equal(out["u"], ref["u"], err_msg=engine)
+        assert_same_field(out["u"], ref["u"], engine)
 
 
 def test_diagnostics_and_row_profiles_agree():

@@ -8,11 +8,6 @@ with it (see ``assert_same_field``); ``test_engines_bitwise_without_fma`` checks
 claim in a subprocess with ``XLA_FLAGS=--xla_cpu_max_isa=AVX`` (AVX has no FMA).
 """
 
-import os
-import platform
-import re
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -25,7 +20,7 @@ from simpar.grid import gray_scott
 from simpar.grid.boundary import Dirichlet, Neumann, Periodic
 from simpar.grid.domain import Domain
 from simpar.parallel.engines import make_engine
-from simpar.testing import run_engine
+from simpar.testing import FMA_OFF, assert_same_field, run_engine
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "gray_scott.toml"
 # a subset of simpar.testing.ENGINE_CASES_2D: every engine, 1-D and 2-D meshes of both
@@ -38,24 +33,6 @@ CASES_2D = (
     ("sharded", (2, 4), 1),
     ("sharded", (4, 2), 1),
 )
-
-
-# Without FMA (XLA_FLAGS=--xla_cpu_max_isa=AVX or SSE4_2) every engine equals ``single``
-# bitwise, as the per-cell arithmetic is the same. With FMA, XLA:CPU contracts ``a * b + c``
-# into one rounding wherever both sit in one fusion, and programs that fuse differently (another
-# engine, halo width or mesh) then differ in a few cells by an ulp per step: compared to 1e-14.
-FMA_OFF = (
-    re.search(r"--xla_cpu_max_isa=(SSE4_2|AVX)\b", os.environ.get("XLA_FLAGS", "")) is not None
-)
-ENGINE_ATOL = 0.0 if FMA_OFF else 1e-14
-
-
-def assert_same_field(got, ref, msg=""):
-    """Bitwise without FMA; within ``ENGINE_ATOL`` (fields of order 1) with it."""
-    if FMA_OFF:
-        np.testing.assert_array_equal(got, ref, err_msg=msg)
-    else:
-        np.testing.assert_allclose(got, ref, rtol=0, atol=ENGINE_ATOL, err_msg=msg)
 
 
 H = 2.5 / 256  # Pearson's cell size
@@ -185,26 +162,3 @@ def test_experiment_config_runs():
     assert np.all(np.isfinite(out["u"])) and obs["v_max"] > 0
 
 
-def test_engines_bitwise_without_fma():
-    """The bitwise claim, in a fresh process where XLA may not contract ``a * b + c``."""
-    if FMA_OFF:
-        pytest.skip("this process already runs without FMA: the tests above were bitwise")
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("--xla_cpu_max_isa=AVX (no FMA) is an x86 setting")
-    env = {
-        **os.environ,
-        "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_max_isa=AVX").strip(),
-    }
-    tests = [
-        f"{__file__}::test_every_engine_equals_single",
-        f"{__file__}::test_run_equals_numpy_implementation",
-    ]
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "3 passed" in res.stdout, res.stdout[-3000:]

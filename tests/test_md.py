@@ -268,13 +268,19 @@ def test_free_space_cluster_conserves_energy_and_momentum():
         ("system.cells", [1, 1, 1], "minimum image"),
         ("potential.typo", 1.0, "unknown key"),
         ("output.path", "x.h5", "must end in .h5md"),
+        ("output.path", "EXISTING", "exists; pass --overwrite"),
     ],
 )
 def test_invalid_config_raises_before_any_file(tmp_path, key, value, match):
+    if value == "EXISTING":
+        value = str(tmp_path / "old.h5md")
+        (tmp_path / "old.h5md").write_bytes(b"keep me")
     cfg = small_config(tmp_path, **{key: value})
     with pytest.raises(ConfigError, match=match):
         run_config(cfg, dumps(cfg), engine=None, mesh=None, steps=None, out=None, progress=False)
     assert not (tmp_path / "t.h5md").exists()
+    if value == str(tmp_path / "old.h5md"):
+        assert (tmp_path / "old.h5md").read_bytes() == b"keep me"
 
 
 def test_unstable_run_raises_simulation_error(tmp_path):

@@ -15,21 +15,29 @@ with ``f_i^eq = w_i rho (1 + 3 c_i.u + 9/2 (c_i.u)^2 - 3/2 u.u)``. Diagonal popu
 read from the corner halo cells, so streaming across device boundaries only needs the standard
 halo fill (faces, edges and corners included).
 
-Walls: halfway bounce-back, as a boundary condition (:class:`BounceBack`). Because the stored
-state is post-collision, the halo fill can build the ghost population that streams into the
-fluid from the inner slab alone: the ghost cell ``g`` gets
-``f*_i(g) = f*_opp(i)(g + c_i)``, the population of the fluid cell it streams into, reflected.
-A moving wall adds ``2 w_i rho0 (c_i . u_w) / c_s^2`` to those ghost populations (Ladd 1994).
-The wall velocity is a parameter (an array leaf, so it can be swept or differentiated), which a
-halo fill cannot see; so a model with a moving wall carries a second field ``wall``
-``(nx, ny[, nz])``, uint8, zero in the fluid, whose halo fill (:class:`WallFlag`) writes 1 in
-the ghost cells of moving walls, and the update adds ``wall(x - c_i) * 6 w_i rho0 (c_i . u_w)``
-while streaming (exactly ``+0`` away from moving walls).
+Walls: halfway bounce-back (the wall lies on the cell face between the last fluid cell and the
+first ghost cell). A model with walls carries a second field ``wall`` ``(nx, ny[, nz])``, uint8,
+0 in the fluid; its boundary condition (:class:`WallFlag`) writes 1 into the ghost cells of a
+resting wall and 2 into those of a moving one. Streaming then reads, for each population, the
+flag of the cell it is pulled from::
 
-Corners: the engines fill the halo axis by axis (x, then y on the x-padded array, then z), so
-the corner ghost cells belong to the wall of the last axis: in the lid-driven cavity the two
-upper corners move with the lid. Every value a fluid cell pulls from a ghost cell is computed
-from fluid cells of the same block, which is why all engines agree bitwise.
+    f_i(x) = f*_i(x - c_i)                                  if wall(x - c_i) == 0
+           = f*_opp(i)(x)                                   if wall(x - c_i) == 1
+           = f*_opp(i)(x) + 2 w_i rho0 (c_i . u_w) / c_s^2  if wall(x - c_i) == 2  (Ladd 1994)
+
+Why a flag and not a halo fill of ``f`` alone: the engines fill each axis's halo from the block
+*before* exchanging the next axis (``simpar.parallel.halo.pad``), so a fill cannot see the
+tangential neighbour across a device boundary that a diagonal population at a wall needs; and
+the wall velocity ``u_w`` is a parameter (an array leaf, sweepable and differentiable), which a
+static fill cannot see. The flag's fill is a constant, and the bounce-back value is the cell's
+own post-collision population, so every engine computes the same numbers bitwise. The ghost
+values of ``f`` itself (:class:`BounceBack` fills the mirrored opposite populations) are never
+used by fluid cells. Mass is conserved to round-off: every population sent into a wall comes
+back to its cell, and the moving-wall terms of one cell cancel (``sum_i w_i c_i = 0``).
+
+Corners and edges: the halo is filled axis by axis (x, then y, then z), so ghost cells on an
+edge or corner take the flag of the last walled axis: in the lid-driven cavity the two upper
+corners move with the lid.
 
 Config (see ``experiments/cavity_re100.toml``)::
 
@@ -44,8 +52,9 @@ Config (see ``experiments/cavity_re100.toml``)::
                                          # units), or tau = ... (exactly one of the three)
                rho0 = 1.0
     [initial]  kind = "rest"             # or "shear_wave": amplitude (lattice units), mode
-    [steady]   tol = 1e-7                # optional: stop when max|u - u_prev| / u_ref < tol
-               every = 1000              # over this many steps (read by run_steady drivers)
+    [steady]   tol = 2e-6                # optional: steady when max|u - u_prev| / u_lid < tol
+               every = 1000              # over this many steps (experiments/validate_cavity.py;
+                                         # the driver runs time.steps)
 
 Physical units of the output: ``GridSetup.dt`` is ``dx`` (the cell size in length units), so
 one lattice speed unit (one cell per step) is one length/time unit and the velocities written

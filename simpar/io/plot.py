@@ -33,6 +33,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from simpar.errors import ConfigError
+from simpar.io.cavity_plot import plot_cavity
 from simpar.io.netcdf import variable_dims
 
 __all__ = ["PLOTTERS", "plot_file", "register_plotter"]
@@ -42,7 +43,7 @@ Plotter = Callable[[h5py.File, Path], list[Path]]
 #: Extra plots per model: ``PLOTTERS[model](file, path) -> written PNG paths``. The
 #: function gets the open (read-only) h5py file and the data file's path, and writes
 #: its PNGs next to that path (``path.with_name(f"{path.stem}_<what>.png")``).
-PLOTTERS: dict[str, Plotter] = {}
+PLOTTERS: dict[str, Plotter] = {"lbm": plot_cavity}
 
 
 def register_plotter(model: str) -> Callable[[Plotter], Plotter]:

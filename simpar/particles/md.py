@@ -109,7 +109,7 @@ def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True):
         dx = r[:, d, None] - x[idx]
         if space.periodic:
             box = space.box[d].astype(r.dtype)
-            dx = dx - box * jnp.round(dx / box)
+            dx = dx - box * jnp.round(dx * (1.0 / box))  # one division, not one per pair
         comps.append(dx)
         r2 = r2 + dx * dx
     e, f_over_r = pair_terms(pot, r2, mask)

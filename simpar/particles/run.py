@@ -236,6 +236,7 @@ def run_config(
     steps: int | None,
     out: str | None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> dict:
     """Run an LJ/Morse MD config and write an H5MD trajectory.
 
@@ -247,6 +248,7 @@ def run_config(
       steps: overrides ``time.steps``.
       out: overrides ``output.path``.
       progress: show a progress bar / log lines and the thermo lines.
+      overwrite: replace an existing output file (else ``ConfigError`` on ``--out``).
 
     Returns:
       Summary dict: ``path``, ``steps``, ``n_atoms``, ``engine``, ``mesh``, ``dtype``,
@@ -259,6 +261,12 @@ def run_config(
       SimulationError: NaN / unrepairable overflow, naming the step and what to change.
     """
     cfg = _read(data, engine, mesh, steps, out)
+    if Path(cfg["path"]).exists() and not overwrite:
+        raise ConfigError(
+            "--out",
+            f"output file {cfg['path']} exists; pass --overwrite to replace it or choose "
+            "another --out",
+        )
     r, v, box, step0, key = _initial(cfg)
     _check_geometry(cfg, box)
     dtype = jnp.dtype(cfg["dtype"])
