@@ -59,7 +59,8 @@ def bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> dict:
     numpy_bw = 2 * nbytes / best
     passes = 10
     scale = jax.jit(
-        lambda v: jax.lax.fori_loop(0, passes, lambda i, x: x * jnp.float32(1.0000001), v), donate_argnums=0
+        lambda v: jax.lax.fori_loop(0, passes, lambda i, x: x * jnp.float32(1.0000001), v),
+        donate_argnums=0,
     )
     x = scale(jax.device_put(a, jax.devices()[0]))
     x.block_until_ready()
@@ -90,17 +91,26 @@ def bench_case(setup, engine: str, mesh, halo, steps: int, repeats: int) -> dict
     cells = 1
     for n in setup.domain.shape:
         cells *= n
-    return {"engine": engine, "mesh": list(mesh), "halo": e.halo, "mlups": cells * steps / best / 1e6,
-            "s_per_step": best / steps}
+    return {
+        "engine": engine,
+        "mesh": list(mesh),
+        "halo": e.halo,
+        "mlups": cells * steps / best / 1e6,
+        "s_per_step": best / steps,
+    }
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--steps", type=int, default=20, help="steps per timed chunk")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--devices", type=int, default=2)
-    p.add_argument("--walls", action="store_true", help="lid-driven cavity instead of a periodic box")
+    p.add_argument(
+        "--walls", action="store_true", help="lid-driven cavity instead of a periodic box"
+    )
     p.add_argument("--engines", default=None, help="comma-separated subset, e.g. single,pmap")
     p.add_argument("--halo", type=int, default=None, help="override the halo width of every case")
     args = p.parse_args(argv)
@@ -117,8 +127,14 @@ def main(argv=None) -> int:
     walls = (("wall", "wall"), ("wall", "lid")) if args.walls else (("periodic",) * 2,) * 2
     rng = np.random.default_rng(0)
     u0 = [0.01 * rng.standard_normal((n, n)) for _ in range(2)]
-    setup = lbm.lattice_setup((n, n), walls=walls, viscosity=0.05, u_lid=0.1 if args.walls else 0.0,
-                              dtype="float32", u0=u0)
+    setup = lbm.lattice_setup(
+        (n, n),
+        walls=walls,
+        viscosity=0.05,
+        u_lid=0.1 if args.walls else 0.0,
+        dtype="float32",
+        u0=u0,
+    )
     bw = bandwidth()
     bytes_per_update = 2 * 9 * 4
     roof = bw["jax_copy_GBps"] * 1e9 / bytes_per_update / 1e6
@@ -129,7 +145,9 @@ def main(argv=None) -> int:
             continue
         if np.prod(mesh) > len(jax.devices()):
             continue
-        r = bench_case(setup, engine, mesh, args.halo if args.halo else halo, args.steps, args.repeats)
+        r = bench_case(
+            setup, engine, mesh, args.halo if args.halo else halo, args.steps, args.repeats
+        )
         r["roofline_ratio"] = r["mlups"] / roof
         results.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)

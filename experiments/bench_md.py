@@ -69,6 +69,7 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float) -> dict:
         "atom_steps_per_s_first_100_steps": n * 100 / first100,
         "neighbor_builds_first_100_steps": builds,
         "max_neighbors": sim.spec.max_neighbors,
+        "neighbor_regrows": sim.regrows,
         "setup_s": setup,
         "compile_and_warmup_s": compile_s,
         "step0": {

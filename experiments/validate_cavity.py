@@ -58,7 +58,9 @@ def run_steady(setup, engine="single", mesh=None, halo=None, max_steps=None, log
         _, u = host_moments(setup.lattice, f)
         if not np.isfinite(u[0]).all():
             raise RuntimeError(f"non-finite velocity after {steps} steps")
-        residual = max(float(np.max(np.abs(a - b))) for a, b in zip(u, u_prev, strict=True)) / crit.u_ref
+        residual = (
+            max(float(np.max(np.abs(a - b))) for a, b in zip(u, u_prev, strict=True)) / crit.u_ref
+        )
         u_prev = u
         if log and steps % (10 * crit.every) == 0:
             log(f"  step {steps}: residual {residual:.3e}")
@@ -86,8 +88,13 @@ def validate(re: int, args) -> dict:
     data, _ = cfgmod.load(CONFIGS[re], args.set)
     setup = lbm.from_config(cfgmod.Section(data))
     u_lid = float(setup.params["u_wall"][0])
-    out = {"reynolds": re, "grid": list(setup.domain.shape), "dtype": setup.domain.dtype,
-           "engine": args.engine, "mesh": args.mesh}
+    out = {
+        "reynolds": re,
+        "grid": list(setup.domain.shape),
+        "dtype": setup.domain.dtype,
+        "engine": args.engine,
+        "mesh": args.mesh,
+    }
     log = (lambda s: print(s, file=sys.stderr)) if args.verbose else None
     res = run_steady(setup, args.engine, args.mesh, args.halo, data["time"]["steps"], log)
     out.update({k: v for k, v in res.items() if k not in ("ux", "uy")})
@@ -106,21 +113,27 @@ def from_file(path: str, re: int | None) -> dict:
         steps = int(f["step"][-1]) if "step" in f else None
     ph = cfg["physics"]
     u_lid = float(ph["u_lid"])
-    re = re or int(round(ph.get("reynolds", u_lid * cfg["grid"]["shape"][0] / ph.get("viscosity", 1.0))))
+    re = re or int(
+        round(ph.get("reynolds", u_lid * cfg["grid"]["shape"][0] / ph.get("viscosity", 1.0)))
+    )
     out = {"reynolds": re, "file": path, "grid": list(ux.shape), "steps": steps}
     out.update(ghia_deviation(ux, uy, u_lid, re))
     return out
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--re", type=int, nargs="+", default=[100], choices=sorted(CONFIGS))
     p.add_argument("--engine", default="single")
     p.add_argument("--mesh", default=None, help="device grid, e.g. 2x4")
     p.add_argument("--devices", type=int, default=None, help="number of virtual CPU devices")
     p.add_argument("--halo", type=int, default=None)
     p.add_argument("--set", action="append", default=[], help="config override key.sub=value")
-    p.add_argument("--from", dest="path", default=None, help="read the last frame of an output file")
+    p.add_argument(
+        "--from", dest="path", default=None, help="read the last frame of an output file"
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     if args.path:

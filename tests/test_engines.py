@@ -12,7 +12,13 @@ from simpar.grid import heat
 from simpar.grid.boundary import Dirichlet, Neumann, Periodic
 from simpar.grid.domain import Domain
 from simpar.parallel.engines import make_engine
-from simpar.testing import ENGINE_CASES_2D, ENGINE_CASES_3D, assert_same_field, run_engine, run_engines
+from simpar.testing import (
+    ENGINE_CASES_2D,
+    ENGINE_CASES_3D,
+    assert_same_field,
+    run_engine,
+    run_engines,
+)
 
 PER = (Periodic(), Periodic())
 WALLS = (Dirichlet(0.5), Neumann())

@@ -295,7 +295,9 @@ def test_melt_experiment_step0_matches_lammps(tmp_path, capsys):
     res = run_config(data, dumps(data), engine=None, mesh=None, steps=0,
                      out=str(tmp_path / "melt.h5md"), progress=True)  # fmt: skip
     th = res["thermo0"]
-    # examples/melt log, 4,000 atoms: 0 3 -6.7733681 0 -2.2744931 -3.7033504
+    # examples/melt log, 4,000 atoms: 0 3 -6.7733681 0 -2.2744931 -3.7033504. (Not in
+    # data/reference; the values also follow from in.lj's: KE/N = 1.5 T (1 - 1/N) and
+    # P_kin = rho T (1 - 1/N) with the same E_pair and pair virial.)
     assert [lammps(th[k]) for k in ("temperature", "potential_energy", "total_energy",
                                     "pressure")] == ["3", "-6.7733681", "-2.2744931", "-3.7033504"]  # fmt: skip
     out = capsys.readouterr().out

@@ -168,7 +168,9 @@ class BounceBack:
         if inner.shape[0] != self.lattice.q:
             raise ValueError(f"BounceBack expects fields (Q, *spatial); got shape {inner.shape}")
         mirror = jnp.flip(inner, axis)
-        return lax.concatenate([lax.slice_in_dim(mirror, o, o + 1, axis=0) for o in self.lattice.opp], 0)
+        return lax.concatenate(
+            [lax.slice_in_dim(mirror, o, o + 1, axis=0) for o in self.lattice.opp], 0
+        )
 
 
 @dataclass(frozen=True)
@@ -304,7 +306,9 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
                 bounced = stencils.shifted(fp[opp[i]], zero, d)
                 if moving:
                     cu = sum(uw[a] * ca for a, ca in enumerate(ci) if ca)
-                    bounced = jnp.where(flag == MOVING, bounced + (scale * weights[i]) * cu, bounced)
+                    bounced = jnp.where(
+                        flag == MOVING, bounced + (scale * weights[i]) * cu, bounced
+                    )
                 fi = jnp.where(flag != 0, bounced, fi)
             pulled.append(fi)
         rho, u = moments(lattice, pulled)
@@ -462,7 +466,9 @@ def walls_from_config(cfg: Section, ndim: int) -> tuple:
 
     def one(spec, key):
         if spec not in WALL_KINDS:
-            raise ConfigError(key, f"must be one of {', '.join(map(repr, WALL_KINDS))}, got {spec!r}")
+            raise ConfigError(
+                key, f"must be one of {', '.join(map(repr, WALL_KINDS))}, got {spec!r}"
+            )
         return boundary.Periodic() if spec == "periodic" else spec
 
     for a in range(ndim):
@@ -475,17 +481,25 @@ def walls_from_config(cfg: Section, ndim: int) -> tuple:
                 raise ConfigError(key, f"unknown entries {sorted(extra)}; allowed: lower, upper")
             lo = one(spec.get("lower", "periodic"), key + ".lower")
             hi = one(spec.get("upper", "periodic"), key + ".upper")
-            if (lo == "periodic" or isinstance(lo, boundary.Periodic)) != isinstance(hi, boundary.Periodic):
-                raise ConfigError(key, "periodic must be set on both sides (lower and upper) or neither")
+            if (lo == "periodic" or isinstance(lo, boundary.Periodic)) != isinstance(
+                hi, boundary.Periodic
+            ):
+                raise ConfigError(
+                    key, "periodic must be set on both sides (lower and upper) or neither"
+                )
         else:
             lo = hi = one(spec, key)
         if "lid" in (lo, hi) and a == 0:
-            raise ConfigError(key, "the lid moves along +x, so it must be a wall normal to y or z, not x")
+            raise ConfigError(
+                key, "the lid moves along +x, so it must be a wall normal to y or z, not x"
+            )
         out.append((lo, hi))
     for extra in b.data:
         if extra not in AXES[:ndim]:
             b.get(extra, kind=object)
-            raise ConfigError(b.key(extra), f"unknown axis; a {ndim}-D grid has axes {', '.join(AXES[:ndim])}")
+            raise ConfigError(
+                b.key(extra), f"unknown axis; a {ndim}-D grid has axes {', '.join(AXES[:ndim])}"
+            )
     return tuple(out)
 
 
@@ -526,8 +540,10 @@ def from_config(cfg: Section) -> GridSetup:
     name = ph.get("lattice", "D2Q9" if d == 2 else "D3Q19", kind=str, choices=tuple(LATTICES))
     lattice = LATTICES[name]
     if lattice.d != d:
-        raise ConfigError(ph.key("lattice"), f"{name} is {lattice.d}-D but grid.shape is {d}-D; use "
-                          f"{'D2Q9' if d == 2 else 'D3Q19'}")
+        raise ConfigError(
+            ph.key("lattice"),
+            f"{name} is {lattice.d}-D but grid.shape is {d}-D; use {'D2Q9' if d == 2 else 'D3Q19'}",
+        )
     has_lid = any(b == "lid" for pair in walls for b in pair)
     u_lid = ph.get("u_lid", 0.1 if has_lid else 0.0, min=0.0, max=MAX_LID_SPEED)
     rho0 = ph.get("rho0", 1.0, min=0.0, exclusive_min=True)
@@ -542,7 +558,9 @@ def from_config(cfg: Section) -> GridSetup:
     if given[0] == "reynolds":
         re = ph.get("reynolds", min=0.0, exclusive_min=True)
         if u_lid == 0:
-            raise ConfigError(key, "physics.reynolds needs physics.u_lid > 0; set physics.viscosity instead")
+            raise ConfigError(
+                key, "physics.reynolds needs physics.u_lid > 0; set physics.viscosity instead"
+            )
         nu = u_lid * domain.shape[0] / re
     elif given[0] == "viscosity":
         nu = ph.get("viscosity", min=0.0, exclusive_min=True)
@@ -566,8 +584,9 @@ def from_config(cfg: Section) -> GridSetup:
         amp = ini.get("amplitude", 0.01, min=-MAX_LID_SPEED, max=MAX_LID_SPEED)
         mode = ini.get("mode", 1, kind=int, min=1)
         y = np.arange(shape[1]) + 0.5
-        u[0] = np.broadcast_to(amp * np.sin(2 * np.pi * mode * y / shape[1]).reshape(1, -1, *([1] * (d - 2))),
-                               shape).copy()
+        u[0] = np.broadcast_to(
+            amp * np.sin(2 * np.pi * mode * y / shape[1]).reshape(1, -1, *([1] * (d - 2))), shape
+        ).copy()
     st = cfg.section("steady")
     tol = st.get("tol", 0.0, min=0.0)
     every = st.get("every", 1000, kind=int, min=1)

@@ -41,7 +41,9 @@ def load_ghia(reynolds: int) -> dict[str, np.ndarray]:
         col = f"Re{int(reynolds)}"
         if col not in header:
             if name == "u":
-                raise ValueError(f"Ghia et al. give no data at Re = {reynolds}; columns: {header[2:]}")
+                raise ValueError(
+                    f"Ghia et al. give no data at Re = {reynolds}; columns: {header[2:]}"
+                )
             continue
         order = np.argsort(rows[:, header.index(coord)])
         out[coord] = rows[order, header.index(coord)]

@@ -15,8 +15,7 @@ Contract:
 
 The same jitted code runs on ``single`` (arrays on one device) and ``sharded`` (particle
 arrays placed with ``NamedSharding`` over a 1-D mesh with ``AxisType.Auto``; XLA partitions
-the computation). ``shard_particles`` is the only device-aware helper here and holds no
-collectives.
+the computation; the placement helper is ``simpar.parallel.particles.shard_particles``).
 """
 
 from __future__ import annotations
@@ -193,31 +192,6 @@ def thermo(space: Space, state: MDState) -> dict[str, jax.Array]:
     )
 
 
-def shard_particles(tree, n_devices: int, capacity: int):
-    """Place particle arrays (leading axis ``capacity``) over a 1-D ``Auto`` mesh.
-
-    Everything else is replicated. The unchanged jitted code then runs partitioned by
-    XLA (engine ``sharded``). The lead may move this helper to ``simpar/parallel``.
-    """
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec
-
-    mesh = jax.make_mesh(
-        (n_devices,), ("particles",), axis_types=(AxisType.Auto,),
-        devices=jax.devices()[:n_devices],
-    )  # fmt: skip
-
-    def put(x):
-        if not isinstance(x, jax.Array | np.ndarray):
-            return x
-        if x.ndim >= 1 and x.shape[0] == capacity:
-            spec = PartitionSpec("particles", *([None] * (x.ndim - 1)))
-        else:
-            spec = PartitionSpec()
-        return jax.device_put(x, NamedSharding(mesh, spec))
-
-    return jax.tree.map(put, tree)
-
-
 @dataclasses.dataclass
 class Simulation:
     """Host-side driver of an MD run (owns the static layout, regrows on overflow).
@@ -254,10 +228,13 @@ class Simulation:
 
     def _repair(self, nbrs):
         """Regrow the layout from ``nbrs.needed``; returns a list built for ``self.state``."""
+        builds = self.nbrs.n_builds
         for _ in range(self.max_regrows):
             self.spec = neighbors.regrow(self.spec, nbrs, self.capacity_factor)
             self.regrows += 1
             nbrs = self._rebuild(self.state)
+            builds = builds + 1
+            nbrs = nbrs._replace(n_builds=builds)  # keep counting across regrows
             if not bool(nbrs.did_overflow):
                 return nbrs
         raise RuntimeError(

@@ -64,6 +64,7 @@ from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
 from simpar.io.meta import run_metadata
+from simpar.parallel.particles import shard_particles
 from simpar.particles import lattice, md, observables, potentials, space
 from simpar.progress import Progress
 
@@ -261,6 +262,10 @@ def run_config(
       SimulationError: NaN / unrepairable overflow, naming the step and what to change.
     """
     cfg = _read(data, engine, mesh, steps, out)
+    if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
+        # a top-level entry point: float64 runs need 64-bit JAX (float32 runs stay
+        # float32 either way, every array has an explicit dtype)
+        jax.config.update("jax_enable_x64", True)
     if Path(cfg["path"]).exists() and not overwrite:
         raise ConfigError(
             "--out",
@@ -289,7 +294,7 @@ def run_config(
         key = jax.random.PRNGKey(cfg["noise_seed"])
     placement = None
     if cfg["engine"] == "sharded":
-        placement = lambda tree: md.shard_particles(tree, ndev, cap)  # noqa: E731
+        placement = lambda tree: shard_particles(tree, ndev, cap)  # noqa: E731
     sim = md.make_simulation(
         spc, pot, r, v, mass=cfg["mass"], valid=valid, key=key, dt=cfg["dt"],
         ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"], skin=cfg["skin"],
