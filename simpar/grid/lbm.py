@@ -146,8 +146,10 @@ class BounceBack:
     The ghost cell at mirror distance gets the opposite populations of the cell just inside,
     ``f*_i(g) = f*_opp(i)(mirror(g))``: the exact halfway bounce-back value for the populations
     normal to the wall. The full rule, diagonal and moving-wall populations included, is applied
-    by the update from the ``wall`` flag (see module docstring), because a fill sees one side
-    of a block only; this fill just keeps the ghost values physical and finite.
+    by the update from the ``wall`` flag (see module docstring): a fill runs before the next
+    axis is exchanged, so it cannot see the tangential neighbour across a device boundary that
+    a diagonal population needs. Fluid cells never read these ghost values; the fill keeps them
+    physical and finite.
     """
 
     lattice: Lattice
@@ -627,6 +629,8 @@ def lattice_setup(
       u0: optional initial velocity, ``d`` arrays ``(*shape)`` (lattice units).
     """
     d = len(shape)
+    if "lid" in walls[0]:
+        raise ValueError("the lid moves along +x: put it on a wall normal to y or z")
     lattice = D2Q9 if d == 2 else D3Q19
     model = make_model(lattice, _model_bcs(walls))
     u = u0 if u0 is not None else [np.zeros(shape)] * d
