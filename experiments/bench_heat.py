@@ -2,8 +2,9 @@
 
 What it shows: M cell-updates/s for each engine on 1 and 2 (virtual CPU) devices and halo widths
 1, 2 and 4 (w steps per exchange), a NumPy baseline (np.roll stencil), the machine's memory
-bandwidth (a large array copy: bytes read + written per second) and the roofline ratio: an
-update reads and writes one float32 (8 bytes), so the bandwidth bound is BW / 8 updates/s.
+bandwidth (a 512 MiB array copy, NumPy and a jitted pass: bytes read + written per second; the
+larger is the roofline) and the roofline ratio: an update reads and writes one float32
+(8 bytes), so the bandwidth bound is BW / 8 updates/s.
 Compare ratios measured in one run; absolute figures drift on shared machines.
 
 Run (about 2-3 minutes on 2 cores):
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 
 def main():
@@ -47,22 +47,10 @@ def main():
     u0 = np.random.default_rng(0).random((n, n), dtype=np.float32)
     cells = n * n
 
-    def best_time(fn, repeats):
-        fn()  # warm-up / compile
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
+    from simpar.benchmark import best_time, memory_bandwidth, time_engine
 
-    # memory bandwidth: copy a 512 MiB float32 array (read + write)
-    def copy_bandwidth(nbytes=512 * 2**20):
-        src = np.ones(nbytes // 4, np.float32)
-        dst = np.empty_like(src)
-        return 2 * src.nbytes / best_time(lambda: np.copyto(dst, src), 5)
-
-    bandwidth = copy_bandwidth()
+    bw = memory_bandwidth()
+    bandwidth = bw["roofline_GBps"] * 1e9
 
     # NumPy baseline: the same update with np.roll (periodic)
     a = np.float32(dt / dom.dx[0] ** 2)
@@ -88,14 +76,7 @@ def main():
     for engine, ndev, h in cases:
         mesh = None if engine == "single" else (ndev,)
         e = make_engine(engine, model, (n, n), mesh, h)
-        state = {"s": e.place({"u": u0})}
-
-        def chunk(e=e, state=state):
-            state["s"] = e.advance(state["s"], params, steps)
-            jax.block_until_ready(state["s"])
-
-        t = best_time(chunk, args.repeats)
-        rate = cells * steps / t / 1e6
+        rate = cells / time_engine(e, {"u": u0}, params, steps, args.repeats) / 1e6
         results.append({"engine": engine, "devices": ndev, "halo": h, "Mcell_updates_per_s": round(rate, 1),
                         "roofline_ratio": round(rate * 1e6 * 8 / bandwidth, 3),
                         "vs_numpy": round(rate / numpy_rate, 2)})
@@ -111,7 +92,7 @@ def main():
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "cpu_count": os.cpu_count(),
-        "memory_bandwidth_GBps": round(bandwidth / 1e9, 2),
+        "memory_bandwidth_GBps": {k: round(v, 2) for k, v in bw.items()},
         "roofline_Mcell_updates_per_s": round(bandwidth / 8 / 1e6, 1),
         "numpy_Mcell_updates_per_s": round(numpy_rate, 1),
         "best_single_Mcell_updates_per_s": single,

@@ -3,9 +3,9 @@
 What it shows: the throughput of the LBM step on each engine and how far it is from the
 memory roofline. One D2Q9 update reads and writes the 9 populations of a cell:
 2 x 9 x 4 = 72 bytes in float32, so ``roofline MLUPS = bandwidth / 72 bytes``. The bandwidth is
-measured on the same machine with a large streaming pass (a jitted in-place ``x * c`` over a
-256 MB float32 array, bytes read + written per second; numpy's ``copyto``, single-threaded, is
-reported too, with the ratio against it).
+measured on the same machine by ``simpar.benchmark.memory_bandwidth`` (a 512 MiB float32
+array: a jitted in-place ``x * c`` pass and numpy's single-threaded ``copyto``, bytes read +
+written per second; the larger is the roofline, the ratio against numpy's is reported too).
 
 Measured on the 2-core AMD EPYC CI box (2026-11-30, shared, so +-30%): periodic 1024^2,
 halo 1: single 49, pmap 54, shard_map 54 (2 devices), sharded 38 MLUPS, i.e. 7% of the jax-copy
@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 CASES = (  # (engine, mesh, halo): halo 1 = one exchange per step, what the LBM configs use
     ("single", (1,), 1),
@@ -45,70 +44,17 @@ CASES = (  # (engine, mesh, halo): halo 1 = one exchange per step, what the LBM 
 )
 
 
-def bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> dict:
-    """Streaming bandwidth (bytes read + written per second) over a ``nbytes`` float32 array.
-
-    ``jax_copy_GBps``: a jitted ``x * c`` pass done in place (donated buffer) ten times in a
-    ``fori_loop``, as the LBM chunks run (a fresh 256 MB output per call would mostly time
-    page faults). ``numpy_copy_GBps``: ``np.copyto`` into a preallocated array.
-    """
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    n = nbytes // 4
-    a = np.random.default_rng(0).random(n, dtype=np.float32)
-    b = np.empty_like(a)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t0)
-    numpy_bw = 2 * nbytes / best
-    passes = 10
-    # the barrier makes every pass a real read + write (XLA would fuse ten multiplies into one)
-    scale = jax.jit(
-        lambda v: jax.lax.fori_loop(
-            0, passes, lambda i, x: jax.lax.optimization_barrier(x * jnp.float32(1.0000001)), v
-        ),
-        donate_argnums=0,
-    )
-    x = scale(jax.device_put(a, jax.devices()[0]))
-    x.block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        x = scale(x)
-        x.block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return {"numpy_copy_GBps": numpy_bw / 1e9, "jax_copy_GBps": passes * 2 * nbytes / best / 1e9}
-
-
 def bench_case(setup, engine: str, mesh, halo, steps: int, repeats: int) -> dict:
-    import jax
-
+    from simpar.benchmark import time_engine
     from simpar.parallel.engines import make_engine
 
     e = make_engine(engine, setup.model, setup.domain.shape, mesh, halo)
-    st = e.place(setup.state)
-    st = e.advance(st, setup.params, steps)  # compile + warm up
-    jax.block_until_ready(st)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        st = e.advance(st, setup.params, steps)
-        jax.block_until_ready(st)
-        best = min(best, time.perf_counter() - t0)
+    s_per_step = time_engine(e, setup.state, setup.params, steps, repeats)
     cells = 1
     for n in setup.domain.shape:
         cells *= n
-    return {
-        "engine": engine,
-        "mesh": list(mesh),
-        "halo": e.halo,
-        "mlups": cells * steps / best / 1e6,
-        "s_per_step": best / steps,
-    }
+    return {"engine": engine, "mesh": list(mesh), "halo": e.halo,
+            "mlups": cells / s_per_step / 1e6, "s_per_step": s_per_step}
 
 
 def main(argv=None) -> int:
@@ -146,9 +92,11 @@ def main(argv=None) -> int:
         dtype="float32",
         u0=u0,
     )
-    bw = bandwidth()
+    from simpar.benchmark import memory_bandwidth
+
+    bw = memory_bandwidth()
     bytes_per_update = 2 * 9 * 4
-    roof = bw["jax_copy_GBps"] * 1e9 / bytes_per_update / 1e6
+    roof = bw["roofline_GBps"] * 1e9 / bytes_per_update / 1e6
     roof_np = bw["numpy_copy_GBps"] * 1e9 / bytes_per_update / 1e6
     results = []
     wanted = set(args.engines.split(",")) if args.engines else None
