@@ -60,7 +60,9 @@ def main():
     def numpy_steps():
         u = u0.copy()
         for _ in range(k_np):
-            u = u + a * (np.roll(u, 1, 0) + np.roll(u, -1, 0) + np.roll(u, 1, 1) + np.roll(u, -1, 1) - 4 * u)
+            u = u + a * (
+                np.roll(u, 1, 0) + np.roll(u, -1, 0) + np.roll(u, 1, 1) + np.roll(u, -1, 1) - 4 * u
+            )
         return u
 
     numpy_rate = cells * k_np / best_time(numpy_steps, 2) / 1e6
@@ -77,27 +79,39 @@ def main():
         mesh = None if engine == "single" else (ndev,)
         e = make_engine(engine, model, (n, n), mesh, h)
         rate = cells / time_engine(e, {"u": u0}, params, steps, args.repeats) / 1e6
-        results.append({"engine": engine, "devices": ndev, "halo": h, "Mcell_updates_per_s": round(rate, 1),
-                        "roofline_ratio": round(rate * 1e6 * 8 / bandwidth, 3),
-                        "vs_numpy": round(rate / numpy_rate, 2)})
+        results.append(
+            {
+                "engine": engine,
+                "devices": ndev,
+                "halo": h,
+                "Mcell_updates_per_s": round(rate, 1),
+                "roofline_ratio": round(rate * 1e6 * 8 / bandwidth, 3),
+                "vs_numpy": round(rate / numpy_rate, 2),
+            }
+        )
         print(json.dumps(results[-1]), flush=True, file=__import__("sys").stderr)
 
     single = max(r["Mcell_updates_per_s"] for r in results if r["engine"] == "single")
     for r in results:
         r["vs_single"] = round(r["Mcell_updates_per_s"] / single, 3)
-    print(json.dumps({
-        "benchmark": "heat2d_5pt_periodic_float32",
-        "grid": [n, n],
-        "steps_per_chunk": steps,
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
-        "cpu_count": os.cpu_count(),
-        "memory_bandwidth_GBps": {k: round(v, 2) for k, v in bw.items()},
-        "roofline_Mcell_updates_per_s": round(bandwidth / 8 / 1e6, 1),
-        "numpy_Mcell_updates_per_s": round(numpy_rate, 1),
-        "best_single_Mcell_updates_per_s": single,
-        "results": results,
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "benchmark": "heat2d_5pt_periodic_float32",
+                "grid": [n, n],
+                "steps_per_chunk": steps,
+                "jax": jax.__version__,
+                "backend": jax.default_backend(),
+                "cpu_count": os.cpu_count(),
+                "memory_bandwidth_GBps": {k: round(v, 2) for k, v in bw.items()},
+                "roofline_Mcell_updates_per_s": round(bandwidth / 8 / 1e6, 1),
+                "numpy_Mcell_updates_per_s": round(numpy_rate, 1),
+                "best_single_Mcell_updates_per_s": single,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

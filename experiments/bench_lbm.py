@@ -53,8 +53,13 @@ def bench_case(setup, engine: str, mesh, halo, steps: int, repeats: int) -> dict
     cells = 1
     for n in setup.domain.shape:
         cells *= n
-    return {"engine": engine, "mesh": list(mesh), "halo": e.halo,
-            "mlups": cells / s_per_step / 1e6, "s_per_step": s_per_step}
+    return {
+        "engine": engine,
+        "mesh": list(mesh),
+        "halo": e.halo,
+        "mlups": cells / s_per_step / 1e6,
+        "s_per_step": s_per_step,
+    }
 
 
 def main(argv=None) -> int:

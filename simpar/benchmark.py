@@ -54,8 +54,11 @@ def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> dict[str, f
         return box["x"]
 
     jax_bw = passes * 2 * nbytes / best_time(run, repeats)
-    return {"numpy_copy_GBps": numpy_bw / 1e9, "jax_pass_GBps": jax_bw / 1e9,
-            "roofline_GBps": max(numpy_bw, jax_bw) / 1e9}
+    return {
+        "numpy_copy_GBps": numpy_bw / 1e9,
+        "jax_pass_GBps": jax_bw / 1e9,
+        "roofline_GBps": max(numpy_bw, jax_bw) / 1e9,
+    }
 
 
 def time_engine(engine, state, params, steps: int, repeats: int = 3) -> float:

@@ -34,12 +34,19 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run an experiment from a TOML config")
     r.add_argument("config", help="experiment TOML file, e.g. experiments/heat2d.toml")
     r.add_argument("--engine", help="single, pmap, shard_map or sharded (default: parallel.engine)")
-    r.add_argument("--devices", type=int, help="number of devices; on CPU creates N virtual devices")
+    r.add_argument(
+        "--devices", type=int, help="number of devices; on CPU creates N virtual devices"
+    )
     r.add_argument("--mesh", help="device grid, e.g. 8, 2x4, 2x2x2 (default: all devices along x)")
     r.add_argument("--steps", type=int, help="number of time steps (default: time.steps)")
     r.add_argument("--out", help="output path (default: output.path)")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set physics.diffusivity=0.5 (repeatable)")
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set physics.diffusivity=0.5 (repeatable)",
+    )
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     r.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     r.add_argument("--quiet", action="store_true", help="no progress output")
@@ -97,7 +104,9 @@ def _cmd_run(args) -> int:
     if devices is None and mesh is not None:
         devices = math.prod(mesh)
     if mesh is not None and devices is not None and math.prod(mesh) > devices:
-        raise ConfigError("--mesh", f"mesh {args.mesh} needs {math.prod(mesh)} devices but --devices is {devices}")
+        raise ConfigError(
+            "--mesh", f"mesh {args.mesh} needs {math.prod(mesh)} devices but --devices is {devices}"
+        )
     data, text = cfgmod.load(args.config, args.set)
     _configure_jax(devices)
     import jax
@@ -105,14 +114,26 @@ def _cmd_run(args) -> int:
     # float64 configs need x64; float32 runs stay float32 (every array has an explicit dtype)
     jax.config.update("jax_enable_x64", True)
     if devices is not None and devices > len(jax.devices()):
-        raise ConfigError("--devices", f"{devices} devices requested but only {len(jax.devices())} "
-                          f"{jax.default_backend()} devices exist")
+        raise ConfigError(
+            "--devices",
+            f"{devices} devices requested but only {len(jax.devices())} "
+            f"{jax.default_backend()} devices exist",
+        )
     if devices is not None and mesh is None and args.engine not in (None, "single"):
         mesh = (devices,)
     from simpar.run import run_config
 
-    summary = run_config(data, text, engine=args.engine, mesh=mesh, steps=args.steps, out=args.out,
-                         overwrite=args.overwrite, progress=not args.quiet, resume=args.resume)
+    summary = run_config(
+        data,
+        text,
+        engine=args.engine,
+        mesh=mesh,
+        steps=args.steps,
+        out=args.out,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        resume=args.resume,
+    )
     print(json.dumps(summary, default=str))
     return EXIT_OK
 

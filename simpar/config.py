@@ -101,7 +101,9 @@ class Section:
         key = self.key(name)
         if name not in self.data:
             if default is REQUIRED:
-                raise ConfigError(key, "missing; it must be set in the config or with --set " + key + "=...")
+                raise ConfigError(
+                    key, "missing; it must be set in the config or with --set " + key + "=..."
+                )
             return default
         value = self.data[name]
         what = _TYPE_NAMES.get(kind, kind.__name__)
@@ -109,7 +111,9 @@ class Section:
             lengths = (length,) if isinstance(length, int) else tuple(length)
             if not isinstance(value, list) or len(value) not in lengths:
                 allowed = " or ".join(str(n) for n in lengths)
-                raise ConfigError(key, f"must be a list of {allowed} values ({what} each), got {value!r}")
+                raise ConfigError(
+                    key, f"must be a list of {allowed} values ({what} each), got {value!r}"
+                )
             items = value
         else:
             items = [value]
@@ -124,7 +128,9 @@ class Section:
                     key, f"{item!r} is not allowed; choose one of {', '.join(map(repr, choices))}"
                 )
             if min is not None and (item <= min if exclusive_min else item < min):
-                raise ConfigError(key, f"must be {'>' if exclusive_min else '>='} {min}, got {item!r}")
+                raise ConfigError(
+                    key, f"must be {'>' if exclusive_min else '>='} {min}, got {item!r}"
+                )
             if max is not None and item > max:
                 raise ConfigError(key, f"must be <= {max}, got {item!r}")
             out.append(item)

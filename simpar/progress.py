@@ -26,8 +26,9 @@ class Progress:
       enabled: False silences it completely (library use, tests).
     """
 
-    def __init__(self, total: int, every: float = 10.0, file=None, enabled: bool = True,
-                 desc: str = "simpar"):
+    def __init__(
+        self, total: int, every: float = 10.0, file=None, enabled: bool = True, desc: str = "simpar"
+    ):
         self.file = file if file is not None else sys.stderr
         self.total, self.every, self.n, self.desc = int(total), every, 0, desc
         self.t0 = self.last = time.monotonic()
@@ -51,8 +52,15 @@ class Progress:
         now = time.monotonic()
         if now - self.last >= self.every or self.n >= self.total:
             self.last = now
-            line = tqdm.format_meter(self.n, self.total, now - self.t0, unit="step", ascii=True,
-                                     ncols=0, prefix=self.desc)
+            line = tqdm.format_meter(
+                self.n,
+                self.total,
+                now - self.t0,
+                unit="step",
+                ascii=True,
+                ncols=0,
+                prefix=self.desc,
+            )
             if postfix:
                 line += " " + " ".join(f"{k}={v}" for k, v in postfix.items())
             print(line, file=self.file, flush=True)

@@ -42,8 +42,10 @@ def grid_setup(cfg: Section) -> GridSetup:
 
 
 def model_name(data: dict) -> str:
-    name = Section(data).section("model", required=True).get(
-        "name", kind=str, choices=GRID_MODELS + tuple(PARTICLE_MODELS)
+    name = (
+        Section(data)
+        .section("model", required=True)
+        .get("name", kind=str, choices=GRID_MODELS + tuple(PARTICLE_MODELS))
     )
     return name
 
@@ -82,14 +84,31 @@ def run_config(
     name = model_name(data)
     if name in PARTICLE_MODELS:
         if resume:
-            raise ConfigError("--resume", f"restart is available for grid models; not yet for {name!r}")
+            raise ConfigError(
+                "--resume", f"restart is available for grid models; not yet for {name!r}"
+            )
         module = importlib.import_module(PARTICLE_MODELS[name])
         return module.run_config(
-            data, config_text, engine=engine, mesh=mesh, steps=steps, out=out, progress=progress,
+            data,
+            config_text,
+            engine=engine,
+            mesh=mesh,
+            steps=steps,
+            out=out,
+            progress=progress,
             overwrite=overwrite,
         )
-    return run_grid(data, config_text, engine=engine, mesh=mesh, steps=steps, out=out,
-                    overwrite=overwrite, progress=progress, resume=resume)
+    return run_grid(
+        data,
+        config_text,
+        engine=engine,
+        mesh=mesh,
+        steps=steps,
+        out=out,
+        overwrite=overwrite,
+        progress=progress,
+        resume=resume,
+    )
 
 
 def _parallel_settings(cfg: Section, engine, mesh):
@@ -97,7 +116,9 @@ def _parallel_settings(cfg: Section, engine, mesh):
     cfg_engine = par.get("engine", "single", kind=str, choices=ENGINES)
     engine = engine or cfg_engine
     if engine not in ENGINES:
-        raise ConfigError("--engine", f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        raise ConfigError(
+            "--engine", f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}"
+        )
     cfg_mesh = par.get("mesh", None, kind=int, length=(1, 2, 3), min=1)
     mesh = tuple(mesh) if mesh is not None else (tuple(cfg_mesh) if cfg_mesh else None)
     halo = par.get("halo", None, kind=int, min=1, max=16)
@@ -112,8 +133,18 @@ def _without_steps(text: str) -> dict:
     return data
 
 
-def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
-             overwrite=False, progress=True, resume=False) -> dict:
+def run_grid(
+    data,
+    config_text,
+    *,
+    engine=None,
+    mesh=None,
+    steps=None,
+    out=None,
+    overwrite=False,
+    progress=True,
+    resume=False,
+) -> dict:
     from simpar.io import checkpoint
     from simpar.io.meta import run_metadata
     from simpar.io.netcdf import GridWriter
@@ -144,15 +175,26 @@ def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
             raise ConfigError("--resume", f"output file {path} does not exist; nothing to resume")
         ck_state, start, ck_text, ck_model = checkpoint.load(checkpoint.checkpoint_path(path))
         if ck_model != model.name or _without_steps(ck_text) != _without_steps(config_text):
-            raise ConfigError("--resume", f"the config differs from the one {path} was started with "
-                              "(only time.steps may change on resume)")
+            raise ConfigError(
+                "--resume",
+                f"the config differs from the one {path} was started with "
+                "(only time.steps may change on resume)",
+            )
         if start >= n_steps:
-            raise ConfigError("--steps", f"the checkpoint is at step {start}; ask for more steps to resume")
+            raise ConfigError(
+                "--steps", f"the checkpoint is at step {start}; ask for more steps to resume"
+            )
         setup.state = {k: ck_state[k] for k in setup.state}
     elif path.exists() and not overwrite:
-        raise ConfigError("--out", f"output file {path} exists; pass --overwrite to replace it or choose another --out")
+        raise ConfigError(
+            "--out",
+            f"output file {path} exists; pass --overwrite to replace it or choose another --out",
+        )
     if path.suffix in (".xdmf", ".toml"):
-        raise ConfigError("--out", f"{path} looks like a sidecar/config; give an HDF5 path such as run.nc or run.h5")
+        raise ConfigError(
+            "--out",
+            f"{path} looks like a sidecar/config; give an HDF5 path such as run.nc or run.h5",
+        )
 
     # ---- everything validated: from here on we write -------------------------------------
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -163,8 +205,11 @@ def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
     params = setup.params
     obs = eng.observe(state, params)
     if obs["nonfinite"] > 0:
-        raise ConfigError("initial", f"the initial state has {int(obs['nonfinite'])} non-finite values; "
-                          "check the [initial] settings")
+        raise ConfigError(
+            "initial",
+            f"the initial state has {int(obs['nonfinite'])} non-finite values; "
+            "check the [initial] settings",
+        )
     variables = {}
     for f in out_fields:
         variables[f] = {
@@ -177,27 +222,46 @@ def run_grid(data, config_text, *, engine=None, mesh=None, steps=None, out=None,
         if k == "nonfinite":
             continue
         if np.ndim(v) == 1:
-            variables[k] = {"dims": ("time", names[-1]), "dtype": "float64", "units": "1",
-                            "long_name": f"{k[:-8]} averaged over {', '.join(names[:-1])}"}
+            variables[k] = {
+                "dims": ("time", names[-1]),
+                "dtype": "float64",
+                "units": "1",
+                "long_name": f"{k[:-8]} averaged over {', '.join(names[:-1])}",
+            }
         else:
             variables[k] = {"dims": ("time",), "dtype": "float64", "units": "1", "long_name": k}
-    attrs = run_metadata(config_text, engine=engine, mesh=eng.grid.shape, dtype=domain.dtype,
-                         seed=setup.seed, model=model.name)
-    attrs.update({"halo_width": np.int32(eng.halo), "dt": float(setup.dt),
-                  "grid_shape": np.asarray(domain.shape, np.int32),
-                  "grid_length": np.asarray(domain.length, np.float64)})
+    attrs = run_metadata(
+        config_text,
+        engine=engine,
+        mesh=eng.grid.shape,
+        dtype=domain.dtype,
+        seed=setup.seed,
+        model=model.name,
+    )
+    attrs.update(
+        {
+            "halo_width": np.int32(eng.halo),
+            "dt": float(setup.dt),
+            "grid_shape": np.asarray(domain.shape, np.int32),
+            "grid_length": np.asarray(domain.length, np.float64),
+        }
+    )
     coords = {n: c for n, c in zip(reversed(names), reversed(domain.coords()), strict=True)}
     if resume:
         writer = GridWriter.open_existing(path, step=start)
     else:
-        writer = GridWriter(path, coords=coords, variables=variables, attrs=attrs, overwrite=overwrite)
+        writer = GridWriter(
+            path, coords=coords, variables=variables, attrs=attrs, overwrite=overwrite
+        )
 
     def frame(step, host_state, obs):
         values = {f: np.transpose(fn(host_state)) for f, fn in out_fields.items()}
         values.update({k: v for k, v in obs.items() if k != "nonfinite"})
         writer.append(step * setup.dt, step, values)
         if save_checkpoints:
-            checkpoint.save(checkpoint.checkpoint_path(path), host_state, step, config_text, model.name)
+            checkpoint.save(
+                checkpoint.checkpoint_path(path), host_state, step, config_text, model.name
+            )
 
     t0 = time.perf_counter()
     done = start

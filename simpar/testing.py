@@ -37,35 +37,53 @@ ENGINE_CASES_3D = (
 )
 
 
-def run_engine(engine: str, model: GridModel, state: dict, params, n: int,
-               mesh: Sequence[int] | None = None, halo: int | None = None):
+def run_engine(
+    engine: str,
+    model: GridModel,
+    state: dict,
+    params,
+    n: int,
+    mesh: Sequence[int] | None = None,
+    halo: int | None = None,
+):
     """Run ``n`` steps; returns (final host state, diagnostics)."""
-    shape = next(iter(state.values())).shape[-model.ndim:]
+    shape = next(iter(state.values())).shape[-model.ndim :]
     e = make_engine(engine, model, shape, mesh, halo)
     st = e.advance(e.place(state), params, n)
     return e.gather(st), e.observe(st, params)
 
 
-def run_engines(model: GridModel, state: dict, params, n: int,
-                cases: Iterable[tuple[str, Sequence[int], int]]):
+def run_engines(
+    model: GridModel, state: dict, params, n: int, cases: Iterable[tuple[str, Sequence[int], int]]
+):
     """``{(engine, mesh, halo): final host state}`` plus the ``single`` reference under
     key ``("single", (1,), model.radius)``."""
-    out = {("single", (1,), model.radius): run_engine("single", model, state, params, n, None, model.radius)[0]}
+    out = {
+        ("single", (1,), model.radius): run_engine(
+            "single", model, state, params, n, None, model.radius
+        )[0]
+    }
     for engine, mesh, halo in cases:
-        out[(engine, tuple(mesh), halo)] = run_engine(engine, model, state, params, n, mesh, halo)[0]
+        out[(engine, tuple(mesh), halo)] = run_engine(engine, model, state, params, n, mesh, halo)[
+            0
+        ]
     return out
 
 
 def max_abs_diff(a: dict, b: dict) -> float:
-    return max(float(np.max(np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64))))
-               for k in a)
+    return max(
+        float(np.max(np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64))))
+        for k in a
+    )
 
 
 # Without FMA (XLA_FLAGS=--xla_cpu_max_isa=AVX, set by tests/conftest.py on x86) every engine
 # equals ``single`` bitwise, as the per-cell arithmetic is the same. With FMA, XLA:CPU contracts
 # ``a * b + c`` into one rounding wherever both sit in one fusion, and programs that fuse
 # differently (another engine, halo width or mesh) then differ in a few cells by an ulp per step.
-FMA_OFF = re.search(r"--xla_cpu_max_isa=(SSE4_2|AVX)\b", os.environ.get("XLA_FLAGS", "")) is not None
+FMA_OFF = (
+    re.search(r"--xla_cpu_max_isa=(SSE4_2|AVX)\b", os.environ.get("XLA_FLAGS", "")) is not None
+)
 ENGINE_ATOL = 0.0 if FMA_OFF else 1e-14
 
 

@@ -13,7 +13,9 @@ import os
 import platform
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if platform.machine().lower() in ("x86_64", "amd64") and "xla_cpu_max_isa" not in os.environ.get("XLA_FLAGS", ""):
+if platform.machine().lower() in ("x86_64", "amd64") and "xla_cpu_max_isa" not in os.environ.get(
+    "XLA_FLAGS", ""
+):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_max_isa=AVX").strip()
 
 import jax  # noqa: E402

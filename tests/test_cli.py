@@ -11,21 +11,46 @@ import xarray as xr
 
 from simpar.cli import main
 
-SMALL = ["--set", "grid.shape=[32,32]", "--set", "time.dt=5e-5", "--set", "output.every=10", "--steps", "30"]
+SMALL = [
+    "--set",
+    "grid.shape=[32,32]",
+    "--set",
+    "time.dt=5e-5",
+    "--set",
+    "output.every=10",
+    "--steps",
+    "30",
+]
 
 
 def _run(*args):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "simpar", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "simpar", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_every_engine_writes_files_xarray_opens_with_equal_last_frames(tmp_path):
     files = {}
     for engine in ("single", "pmap", "shard_map", "sharded"):
         out = tmp_path / f"{engine}.h5"
-        r = _run("run", "experiments/heat2d.toml", "--engine", engine, "--devices", "8", "--mesh", "2x4",
-                 "--out", str(out), *SMALL)
+        r = _run(
+            "run",
+            "experiments/heat2d.toml",
+            "--engine",
+            engine,
+            "--devices",
+            "8",
+            "--mesh",
+            "2x4",
+            "--out",
+            str(out),
+            *SMALL,
+        )
         assert r.returncode == 0, r.stderr
         summary = json.loads(r.stdout.strip().splitlines()[-1])
         assert summary["engine"] == engine and summary["steps"] == 30
@@ -55,7 +80,9 @@ def _main(capsys, *args):
 
 def test_unknown_key_exit_2_names_key_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "x.nc"
-    code, err = _main(capsys, "run", "experiments/heat2d.toml", "--out", str(out), "--set", "physics.difusivity=2")
+    code, err = _main(
+        capsys, "run", "experiments/heat2d.toml", "--out", str(out), "--set", "physics.difusivity=2"
+    )
     assert code == 2
     assert "physics.difusivity: unknown key; did you mean 'physics.diffusivity'?" in err
     assert "Traceback" not in err
@@ -64,20 +91,40 @@ def test_unknown_key_exit_2_names_key_and_writes_nothing(tmp_path, capsys):
 
 def test_mesh_that_does_not_divide_exit_2(tmp_path, capsys):
     out = tmp_path / "x.nc"
-    code, err = _main(capsys, "run", "experiments/heat2d.toml", "--engine", "pmap", "--mesh", "3x2",
-                      "--out", str(out), "--set", "grid.shape=[32,32]")
+    code, err = _main(
+        capsys,
+        "run",
+        "experiments/heat2d.toml",
+        "--engine",
+        "pmap",
+        "--mesh",
+        "3x2",
+        "--out",
+        str(out),
+        "--set",
+        "grid.shape=[32,32]",
+    )
     assert code == 2
     assert "grid shape 32x32 does not divide over device mesh 3x2" in err
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--engine", "gpu"], "--engine: unknown engine 'gpu'; choose one of single, pmap, shard_map, sharded"),
-    (["--set", "time.dt=1e-3"], "time.dt: time step 0.001 is unstable"),
-    (["--set", "grid.dtype='half'"], "grid.dtype: 'half' is not allowed; choose one of 'float32', 'float64'"),
-    (["--mesh", "2x"], "--mesh: expected 1 to 3 positive integers"),
-    (["--set", "boundary.w='periodic'"], "boundary.w"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--engine", "gpu"],
+            "--engine: unknown engine 'gpu'; choose one of single, pmap, shard_map, sharded",
+        ),
+        (["--set", "time.dt=1e-3"], "time.dt: time step 0.001 is unstable"),
+        (
+            ["--set", "grid.dtype='half'"],
+            "grid.dtype: 'half' is not allowed; choose one of 'float32', 'float64'",
+        ),
+        (["--mesh", "2x"], "--mesh: expected 1 to 3 positive integers"),
+        (["--set", "boundary.w='periodic'"], "boundary.w"),
+    ],
+)
 def test_invalid_options_exit_2(tmp_path, capsys, args, message):
     out = tmp_path / "x.nc"
     code, err = _main(capsys, "run", "experiments/heat2d.toml", "--out", str(out), *args)
@@ -98,8 +145,19 @@ def test_missing_config_and_existing_output(tmp_path, capsys):
 
 def test_blow_up_exit_1_with_step_and_keeps_good_frames(tmp_path, capsys):
     out = tmp_path / "x.nc"
-    code, err = _main(capsys, "run", "experiments/heat2d.toml", "--out", str(out), "--quiet", *SMALL,
-                      "--set", "initial.amplitude=3e38", "--set", "boundary.y='neumann'")
+    code, err = _main(
+        capsys,
+        "run",
+        "experiments/heat2d.toml",
+        "--out",
+        str(out),
+        "--quiet",
+        *SMALL,
+        "--set",
+        "initial.amplitude=3e38",
+        "--set",
+        "boundary.y='neumann'",
+    )
     assert code == 1
     assert "run failed at step 10" in err and "reduce time.dt" in err
     ds = xr.open_dataset(out, engine="h5netcdf")
@@ -115,12 +173,23 @@ def test_info_lists_devices(capsys):
 
 def test_resume_continues_to_the_same_final_state(tmp_path, capsys):
     full, part = tmp_path / "full.nc", tmp_path / "part.nc"
-    args = ["run", "experiments/heat2d.toml", "--engine", "pmap", "--mesh", "2x4", "--quiet", *SMALL[:-2]]
+    args = [
+        "run",
+        "experiments/heat2d.toml",
+        "--engine",
+        "pmap",
+        "--mesh",
+        "2x4",
+        "--quiet",
+        *SMALL[:-2],
+    ]
     assert main([*args, "--out", str(full), "--steps", "30"]) == 0
     assert main([*args, "--out", str(part), "--steps", "20"]) == 0
     assert (tmp_path / "part.nc.ckpt").exists()
     # a changed physics setting is refused: only time.steps may change
-    code = main([*args, "--out", str(part), "--steps", "30", "--resume", "--set", "physics.diffusivity=2.0"])
+    code = main(
+        [*args, "--out", str(part), "--steps", "30", "--resume", "--set", "physics.diffusivity=2.0"]
+    )
     assert code == 2 and "only time.steps may change" in capsys.readouterr().err
     assert main([*args, "--out", str(part), "--steps", "30", "--resume"]) == 0
     a, b = xr.open_dataset(full, engine="h5netcdf"), xr.open_dataset(part, engine="h5netcdf")
@@ -131,6 +200,15 @@ def test_resume_continues_to_the_same_final_state(tmp_path, capsys):
 
 def test_nan_initial_state_is_invalid_input(tmp_path, capsys):
     out = tmp_path / "x.nc"
-    code, err = _main(capsys, "run", "experiments/heat2d.toml", "--out", str(out), *SMALL, "--set", "initial.amplitude=nan")
+    code, err = _main(
+        capsys,
+        "run",
+        "experiments/heat2d.toml",
+        "--out",
+        str(out),
+        *SMALL,
+        "--set",
+        "initial.amplitude=nan",
+    )
     assert code == 2 and "initial: the initial state has" in err
     assert not out.exists()

@@ -33,8 +33,11 @@ def _heat(shape, bcs, stencil="5pt", dtype="float64", steps=7):
     return model, {"u": u0}, params
 
 
-@pytest.mark.parametrize("bcs", [(PER, PER), (WALLS, PER), (WALLS, (Neumann(), Dirichlet(-1.0)))],
-                         ids=["periodic", "mixed", "walls"])
+@pytest.mark.parametrize(
+    "bcs",
+    [(PER, PER), (WALLS, PER), (WALLS, (Neumann(), Dirichlet(-1.0)))],
+    ids=["periodic", "mixed", "walls"],
+)
 def test_heat2d_every_engine_equals_single_bitwise(bcs):
     model, state, params = _heat((48, 32), bcs)
     results = run_engines(model, state, params, 7, ENGINE_CASES_2D)
@@ -45,7 +48,12 @@ def test_heat2d_every_engine_equals_single_bitwise(bcs):
 
 def test_heat2d_9point_stencil_uses_corners_and_matches():
     model, state, params = _heat((32, 32), (WALLS, PER), stencil="9pt")
-    cases = [("pmap", (2, 4), 1), ("shard_map", (4, 2), 2), ("sharded", (2, 4), 1), ("pmap", (4, 2), 3)]
+    cases = [
+        ("pmap", (2, 4), 1),
+        ("shard_map", (4, 2), 2),
+        ("sharded", (2, 4), 1),
+        ("pmap", (4, 2), 3),
+    ]
     results = run_engines(model, state, params, 6, cases)
     ref = results[("single", (1,), 1)]["u"]
     for case, out in results.items():
@@ -78,8 +86,14 @@ def test_diagnostics_and_row_profiles_agree():
     _, ref = run_engine("single", model, state, params, 4)
     prof = ref["u_profile"]
     assert prof.shape == (32,)
-    for engine, mesh in [("pmap", (2, 4)), ("pmap", (4, 2)), ("shard_map", (2, 4)), ("sharded", (2, 4)),
-                         ("pmap", (8,)), ("shard_map", (1, 8))]:
+    for engine, mesh in [
+        ("pmap", (2, 4)),
+        ("pmap", (4, 2)),
+        ("shard_map", (2, 4)),
+        ("sharded", (2, 4)),
+        ("pmap", (8,)),
+        ("shard_map", (1, 8)),
+    ]:
         _, obs = run_engine(engine, model, state, params, 4, mesh)
         np.testing.assert_allclose(obs["u_profile"], prof, rtol=1e-12, err_msg=engine)
         np.testing.assert_allclose(obs["u_sum"], ref["u_sum"], rtol=1e-12)

@@ -160,5 +160,3 @@ def test_experiment_config_runs():
         "pmap", setup.model, setup.state, setup.params, 4, (2, 4), data["parallel"]["halo"]
     )
     assert np.all(np.isfinite(out["u"])) and obs["v_max"] > 0
-
-

@@ -50,14 +50,22 @@ def test_pmap_and_shard_map_halo_equals_global_padding(mesh, bcs, w):
     ref = np.asarray(pad(jax.numpy.asarray(u), w, bcs, LocalComm(d)))
     expected = _windows(ref, mesh, block, w)
     # pmap: blocks stacked on a flat device axis
-    blocks = PmapEngine._blocks(type("E", (), {"model": type("M", (), {"ndim": d}), "grid": grid})(), u)
-    got = jax.pmap(functools.partial(pad, w=w, bcs=bcs, comm=PmapComm(grid)), axis_name="dev")(blocks)
+    blocks = PmapEngine._blocks(
+        type("E", (), {"model": type("M", (), {"ndim": d}), "grid": grid})(), u
+    )
+    got = jax.pmap(functools.partial(pad, w=w, bcs=bcs, comm=PmapComm(grid)), axis_name="dev")(
+        blocks
+    )
     np.testing.assert_array_equal(np.asarray(got), expected)
     # shard_map: padded blocks come back concatenated along the mesh axes
     m = _mesh(grid, jax.devices()[: grid.size])
     spec = P(None, *grid.axis_names)
-    f = jax.shard_map(functools.partial(pad, w=w, bcs=bcs, comm=ShardMapComm(grid)), mesh=m,
-                      in_specs=spec, out_specs=spec)
+    f = jax.shard_map(
+        functools.partial(pad, w=w, bcs=bcs, comm=ShardMapComm(grid)),
+        mesh=m,
+        in_specs=spec,
+        out_specs=spec,
+    )
     got = np.asarray(jax.jit(f)(u))
     pb = tuple(n + 2 * w for n in block)
     for k, idx in enumerate(np.ndindex(*mesh)):

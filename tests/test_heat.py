@@ -57,7 +57,9 @@ def test_dirichlet_sine_mode_decays_at_the_discrete_rate():
     x, y = dom.mesh()
     u0 = np.sin(np.pi * x / L) * np.sin(2 * np.pi * y / L)
     steps = 200
-    out, _ = run_engine("shard_map", model, {"u": u0}, heat.make_params(dom, D, dt), steps, (2, 4), 1)
+    out, _ = run_engine(
+        "shard_map", model, {"u": u0}, heat.make_params(dom, D, dt), steps, (2, 4), 1
+    )
     lam = -(4 / h**2) * (np.sin(np.pi * h / (2 * L)) ** 2 + np.sin(2 * np.pi * h / (2 * L)) ** 2)
     np.testing.assert_allclose(out["u"], u0 * (1 + D * dt * lam) ** steps, rtol=1e-10, atol=1e-13)
 
@@ -68,14 +70,20 @@ def test_heat_is_conserved_with_periodic_and_neumann_walls():
     dt = 0.15 / sum(1 / h**2 for h in dom.dx)
     model = heat.make_model(3, bcs)
     u0 = np.random.default_rng(0).random(dom.shape)
-    out, obs = run_engine("pmap", model, {"u": u0}, heat.make_params(dom, 1.0, dt), 50, (2, 2, 2), 1)
+    out, obs = run_engine(
+        "pmap", model, {"u": u0}, heat.make_params(dom, 1.0, dt), 50, (2, 2, 2), 1
+    )
     np.testing.assert_allclose(obs["u_sum"], u0.sum(), rtol=1e-13)
     assert out["u"].max() <= u0.max() and out["u"].min() >= u0.min()  # maximum principle
 
 
 def _cfg(**over):
-    data = {"model": {"name": "heat"}, "grid": {"shape": [64, 64], "length": [1.0, 1.0]},
-            "time": {"dt": 1e-5, "steps": 10}, "physics": {"diffusivity": 1.0}}
+    data = {
+        "model": {"name": "heat"},
+        "grid": {"shape": [64, 64], "length": [1.0, 1.0]},
+        "time": {"dt": 1e-5, "steps": 10},
+        "physics": {"diffusivity": 1.0},
+    }
     for k, v in over.items():
         sec, key = k.split("__")
         data.setdefault(sec, {})[key] = v
@@ -83,7 +91,9 @@ def _cfg(**over):
 
 
 def test_unstable_time_step_is_rejected_with_the_bound():
-    with pytest.raises(ConfigError, match=r"time\.dt: time step 0\.0001 is unstable.*use time\.dt <= 6\.10"):
+    with pytest.raises(
+        ConfigError, match=r"time\.dt: time step 0\.0001 is unstable.*use time\.dt <= 6\.10"
+    ):
         heat.from_config(_cfg(time__dt=1e-4))
     with pytest.raises(ConfigError, match="exceeds 0.375 for the 9pt stencil"):
         heat.from_config(_cfg(time__dt=6e-5, physics__stencil="9pt"))
@@ -91,7 +101,9 @@ def test_unstable_time_step_is_rejected_with_the_bound():
 
 
 def test_config_errors_name_the_key():
-    with pytest.raises(ConfigError, match=r"physics\.stencil: '7pt' is not allowed; choose one of '5pt', '9pt'"):
+    with pytest.raises(
+        ConfigError, match=r"physics\.stencil: '7pt' is not allowed; choose one of '5pt', '9pt'"
+    ):
         heat.from_config(_cfg(physics__stencil="7pt"))
     with pytest.raises(ConfigError, match=r"grid\.dtype"):
         heat.from_config(_cfg(grid__dtype="float16"))

@@ -12,7 +12,16 @@ def test_shift_pairs_periodic_and_not():
     assert g.shift_pairs(1, +1) == [(0, 1), (1, 2), (2, 3), (4, 5), (5, 6), (6, 7)]
     assert g.shift_pairs(1, -1) == [(1, 0), (2, 1), (3, 2), (5, 4), (6, 5), (7, 6)]
     # along axis 0 (periodic, 2 devices): each sends to the other
-    assert sorted(g.shift_pairs(0, +1)) == [(0, 4), (1, 5), (2, 6), (3, 7), (4, 0), (5, 1), (6, 2), (7, 3)]
+    assert sorted(g.shift_pairs(0, +1)) == [
+        (0, 4),
+        (1, 5),
+        (2, 6),
+        (3, 7),
+        (4, 0),
+        (5, 1),
+        (6, 2),
+        (7, 3),
+    ]
     assert g.axis_pairs(1, +1) == [(0, 1), (1, 2), (2, 3)]
     assert g.axis_pairs(0, -1) == [(0, 1), (1, 0)]
 

@@ -71,7 +71,8 @@ def from_config(spec: object, key: str):
             raise ConfigError(key + ".value", f"must be a number, got {value!r}")
     else:
         raise ConfigError(
-            key, f"must be one of {', '.join(KINDS)} or a table {{kind = \"dirichlet\", value = 1.0}}, got {spec!r}"
+            key,
+            f'must be one of {", ".join(KINDS)} or a table {{kind = "dirichlet", value = 1.0}}, got {spec!r}',
         )
     if kind == "periodic":
         return Periodic()

@@ -60,7 +60,9 @@ class Domain:
 def domain_from_config(cfg: Section, ndims=(2, 3)) -> Domain:
     g = cfg.section("grid", required=True)
     shape = g.get("shape", kind=int, length=ndims, min=1)
-    length = g.get("length", [1.0] * len(shape), kind=float, length=len(shape), min=0.0, exclusive_min=True)
+    length = g.get(
+        "length", [1.0] * len(shape), kind=float, length=len(shape), min=0.0, exclusive_min=True
+    )
     dtype = g.get("dtype", "float32", kind=str, choices=DTYPES)
     return Domain(tuple(shape), tuple(length), dtype)
 
@@ -80,12 +82,17 @@ def boundaries_from_config(cfg: Section, ndim: int, default="periodic") -> tuple
             lo = boundary.from_config(spec.get("lower", default), key + ".lower")
             hi = boundary.from_config(spec.get("upper", default), key + ".upper")
             if lo.periodic != hi.periodic:
-                raise ConfigError(key, "periodic must be set on both sides (lower and upper) or neither")
+                raise ConfigError(
+                    key, "periodic must be set on both sides (lower and upper) or neither"
+                )
         else:
             lo = hi = boundary.from_config(spec, key)
         out.append((lo, hi))
     for extra in b.data:
         if extra not in AXIS_NAMES[:ndim]:
             b.get(extra, kind=object)  # mark as read, then report clearly
-            raise ConfigError(b.key(extra), f"unknown axis; a {ndim}-D grid has axes {', '.join(AXIS_NAMES[:ndim])}")
+            raise ConfigError(
+                b.key(extra),
+                f"unknown axis; a {ndim}-D grid has axes {', '.join(AXIS_NAMES[:ndim])}",
+            )
     return tuple(out)

@@ -72,8 +72,15 @@ def diffusion_number(domain: Domain, diffusivity: float, dt: float) -> float:
     return diffusivity * dt * sum(1 / h**2 for h in domain.dx)
 
 
-def gaussian(domain: Domain, center, width: float, amplitude: float = 1.0, t: float = 0.0,
-             diffusivity: float = 0.0, images: int = 2) -> np.ndarray:
+def gaussian(
+    domain: Domain,
+    center,
+    width: float,
+    amplitude: float = 1.0,
+    t: float = 0.0,
+    diffusivity: float = 0.0,
+    images: int = 2,
+) -> np.ndarray:
     """A Gaussian in a periodic box, exact for the heat equation at time ``t``.
 
     ``amplitude * (w^2 / (w^2 + 2 D t))^(d/2) * sum_images exp(-|r - c|^2 / (2 (w^2 + 2 D t)))``
@@ -84,7 +91,10 @@ def gaussian(domain: Domain, center, width: float, amplitude: float = 1.0, t: fl
     grids = domain.mesh()
     shifts = range(-images, images + 1)
     for offs in np.ndindex(*(len(shifts),) * domain.ndim):
-        r2 = sum((g - c - shifts[o] * L) ** 2 for g, c, o, L in zip(grids, center, offs, domain.length, strict=True))
+        r2 = sum(
+            (g - c - shifts[o] * L) ** 2
+            for g, c, o, L in zip(grids, center, offs, domain.length, strict=True)
+        )
         out += np.exp(-r2 / (2 * s2))
     return amplitude * (width**2 / s2) ** (domain.ndim / 2) * out
 
@@ -98,9 +108,13 @@ def from_config(cfg: Section) -> GridSetup:
     stencil = ph.get("stencil", "5pt", kind=str, choices=STENCILS)
     if stencil == "9pt":
         if d != 2:
-            raise ConfigError(ph.key("stencil"), "the 9-point stencil is 2-D only; use \"5pt\" in 3-D")
+            raise ConfigError(
+                ph.key("stencil"), 'the 9-point stencil is 2-D only; use "5pt" in 3-D'
+            )
         if not np.isclose(domain.dx[0], domain.dx[1], rtol=1e-12):
-            raise ConfigError(ph.key("stencil"), f"the 9-point stencil needs square cells; dx = {domain.dx}")
+            raise ConfigError(
+                ph.key("stencil"), f"the 9-point stencil needs square cells; dx = {domain.dx}"
+            )
     t = cfg.section("time")
     dt = t.get("dt", min=0.0, exclusive_min=True)
     r = diffusion_number(domain, D, dt)
@@ -123,7 +137,11 @@ def from_config(cfg: Section) -> GridSetup:
     elif kind == "sine":
         modes = ini.get("modes", [1] * d, kind=int, length=d, min=0)
         u0 = amplitude * np.prod(
-            [np.sin(np.pi * k * x / L) for k, x, L in zip(modes, domain.mesh(), domain.length, strict=True)], axis=0
+            [
+                np.sin(np.pi * k * x / L)
+                for k, x, L in zip(modes, domain.mesh(), domain.length, strict=True)
+            ],
+            axis=0,
         )
     else:
         seed = ini.get("seed", 0, kind=int)

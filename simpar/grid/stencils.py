@@ -74,6 +74,3 @@ def laplacian_9pt(u: jax.Array, inv_dx2: jax.Array) -> jax.Array:
 def crop(u: jax.Array, r: int, d: int) -> jax.Array:
     """The interior of a block padded by ``r`` on its trailing ``d`` axes."""
     return shifted(u, (0,) * d, d, r)
-
-
-

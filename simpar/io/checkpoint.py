@@ -22,8 +22,9 @@ def checkpoint_path(output: str | os.PathLike) -> Path:
     return Path(str(output) + ".ckpt")
 
 
-def save(path: str | os.PathLike, state: dict[str, np.ndarray], step: int, config_text: str,
-         model: str) -> None:
+def save(
+    path: str | os.PathLike, state: dict[str, np.ndarray], step: int, config_text: str, model: str
+) -> None:
     """Write ``state`` at ``step`` atomically to ``path``."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
@@ -50,7 +51,9 @@ def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], int, str, str]
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("--resume", f"no checkpoint {path} to resume from; run without --resume first")
+        raise ConfigError(
+            "--resume", f"no checkpoint {path} to resume from; run without --resume first"
+        )
     try:
         with h5py.File(path, "r") as f:
             state = {k: f["state"][k][()] for k in f["state"]}

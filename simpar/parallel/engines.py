@@ -181,7 +181,9 @@ class SingleEngine(Engine):
     def _compile_observe(self):
         comm = LocalComm(self.model.ndim)
         return jax.jit(
-            functools.partial(observe_block, model=self.model, comm=comm, global_shape=self.domain_shape)
+            functools.partial(
+                observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
+            )
         )
 
 
@@ -215,7 +217,9 @@ class ShardedEngine(Engine):
         out = {}
         for f, u in state.items():
             u = np.asarray(u)
-            out[f] = jax.make_array_from_callback(u.shape, self.sharding(u.ndim), lambda idx, u=u: u[idx])
+            out[f] = jax.make_array_from_callback(
+                u.shape, self.sharding(u.ndim), lambda idx, u=u: u[idx]
+            )
         return out
 
     def _compile_advance(self, n):
@@ -225,14 +229,18 @@ class ShardedEngine(Engine):
         def step(state, params):
             out = f(state, params)
             # keep the result laid out like the input (no silent resharding between chunks)
-            return {k: lax.with_sharding_constraint(v, self.sharding(v.ndim)) for k, v in out.items()}
+            return {
+                k: lax.with_sharding_constraint(v, self.sharding(v.ndim)) for k, v in out.items()
+            }
 
         return jax.jit(step, donate_argnums=0)
 
     def _compile_observe(self):
         comm = LocalComm(self.model.ndim)
         return jax.jit(
-            functools.partial(observe_block, model=self.model, comm=comm, global_shape=self.domain_shape)
+            functools.partial(
+                observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
+            )
         )
 
 
@@ -250,24 +258,34 @@ class ShardMapEngine(ShardedEngine):
 
         def step(state, params):
             specs = self._specs(state)
-            return jax.shard_map(f, mesh=self.mesh, in_specs=(specs, P()), out_specs=specs)(state, params)
+            return jax.shard_map(f, mesh=self.mesh, in_specs=(specs, P()), out_specs=specs)(
+                state, params
+            )
 
         return jax.jit(step, donate_argnums=0)
 
     def _compile_observe(self):
         comm = ShardMapComm(self.grid)
-        obs = functools.partial(observe_block, model=self.model, comm=comm, global_shape=self.domain_shape)
+        obs = functools.partial(
+            observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
+        )
         last = self.grid.axis_names[-1]
 
         def run(state, params):
             shapes = jax.eval_shape(
-                functools.partial(observe_block, model=self.model, comm=LocalComm(self.model.ndim),
-                                  global_shape=self.domain_shape),
-                state, params,
+                functools.partial(
+                    observe_block,
+                    model=self.model,
+                    comm=LocalComm(self.model.ndim),
+                    global_shape=self.domain_shape,
+                ),
+                state,
+                params,
             )
             out_specs = {k: (P(last) if v.ndim == 1 else P()) for k, v in shapes.items()}
-            return jax.shard_map(obs, mesh=self.mesh, in_specs=(self._specs(state), P()),
-                                 out_specs=out_specs)(state, params)
+            return jax.shard_map(
+                obs, mesh=self.mesh, in_specs=(self._specs(state), P()), out_specs=out_specs
+            )(state, params)
 
         return jax.jit(run)
 
@@ -286,8 +304,12 @@ class PmapEngine(Engine):
             split += [m, N // m]
         v = u.reshape(*lead, *split)
         nl = len(lead)
-        order = [nl + 2 * a for a in range(d)] + list(range(nl)) + [nl + 2 * a + 1 for a in range(d)]
-        return v.transpose(order).reshape(self.grid.size, *lead, *(N // m for N, m in zip(u.shape[nl:], g, strict=True)))
+        order = (
+            [nl + 2 * a for a in range(d)] + list(range(nl)) + [nl + 2 * a + 1 for a in range(d)]
+        )
+        return v.transpose(order).reshape(
+            self.grid.size, *lead, *(N // m for N, m in zip(u.shape[nl:], g, strict=True))
+        )
 
     def _unblocks(self, b: np.ndarray) -> np.ndarray:
         d, g = self.model.ndim, self.grid.shape
@@ -313,21 +335,30 @@ class PmapEngine(Engine):
     def _compile_advance(self, n):
         comm = PmapComm(self.grid, "dev")
         f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
-        return jax.pmap(f, axis_name="dev", in_axes=(0, None), devices=self.devices, donate_argnums=0)
+        return jax.pmap(
+            f, axis_name="dev", in_axes=(0, None), devices=self.devices, donate_argnums=0
+        )
 
     def _compile_observe(self):
         comm = PmapComm(self.grid, "dev")
         obs = jax.pmap(
-            functools.partial(observe_block, model=self.model, comm=comm, global_shape=self.domain_shape),
-            axis_name="dev", in_axes=(0, None), devices=self.devices,
+            functools.partial(
+                observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
+            ),
+            axis_name="dev",
+            in_axes=(0, None),
+            devices=self.devices,
         )
         # the devices at coordinate 0 of every axis but the last hold one profile segment each
-        column = [self.grid.index((0,) * (self.grid.ndim - 1) + (j,)) for j in range(self.grid.shape[-1])]
+        column = [
+            self.grid.index((0,) * (self.grid.ndim - 1) + (j,)) for j in range(self.grid.shape[-1])
+        ]
 
         def run(state, params):
             out = obs(state, params)
             return {
-                k: (jnp.concatenate([v[i] for i in column]) if v.ndim == 2 else v[0]) for k, v in out.items()
+                k: (jnp.concatenate([v[i] for i in column]) if v.ndim == 2 else v[0])
+                for k, v in out.items()
             }
 
         return run
@@ -358,7 +389,9 @@ def make_engine(
       ConfigError: unknown engine, too few devices, or a mesh that does not tile the domain.
     """
     if name not in _ENGINE_CLASSES:
-        raise ConfigError("--engine", f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+        raise ConfigError(
+            "--engine", f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}"
+        )
     if name == "sharded":
         # XLA decides how halos move; a width above the radius would only add in-place
         # boundary refills that the partitioner turns into extra collectives
@@ -369,15 +402,21 @@ def make_engine(
     if halo is None:
         # 4 steps per exchange by default: one halo fill then four fused stencil passes ran
         # 2x faster than a fill per step (experiments/bench_heat.py); capped by the block size
-        blocks = [n // m for n, m in zip(domain_shape, tuple(mesh) + (1,) * len(domain_shape), strict=False)]
+        blocks = [
+            n // m
+            for n, m in zip(domain_shape, tuple(mesh) + (1,) * len(domain_shape), strict=False)
+        ]
         halo = max(model.radius, min(4 * model.radius, min(blocks)) // model.radius * model.radius)
     halo = int(halo)
     if halo < model.radius:
         raise ConfigError(
-            "parallel.halo", f"halo width {halo} is below the stencil radius {model.radius} of model {model.name}"
+            "parallel.halo",
+            f"halo width {halo} is below the stencil radius {model.radius} of model {model.name}",
         )
     if name == "single" and math.prod(mesh) != 1:
-        raise ConfigError("--mesh", f"engine 'single' runs on one device; got mesh {'x'.join(map(str, mesh))}")
+        raise ConfigError(
+            "--mesh", f"engine 'single' runs on one device; got mesh {'x'.join(map(str, mesh))}"
+        )
     grid = make_device_grid(mesh, domain_shape, model.periodic, halo)
     if grid.size > len(available):
         raise ConfigError(

@@ -36,7 +36,9 @@ class DeviceGrid:
         if len(self.shape) != len(self.periodic):
             raise ValueError(f"shape {self.shape} and periodic {self.periodic} differ in length")
         if not 1 <= len(self.shape) <= 3 or any(n < 1 for n in self.shape):
-            raise ValueError(f"device grid shape must have 1 to 3 positive entries, got {self.shape}")
+            raise ValueError(
+                f"device grid shape must have 1 to 3 positive entries, got {self.shape}"
+            )
 
     @property
     def ndim(self) -> int:
@@ -116,7 +118,8 @@ def parse_mesh(text: str) -> tuple[int, ...]:
         shape = ()
     if not 1 <= len(shape) <= 3 or any(n < 1 for n in shape):
         raise ConfigError(
-            "--mesh", f"expected 1 to 3 positive integers joined by 'x' (e.g. 8, 2x4, 2x2x2), got {text!r}"
+            "--mesh",
+            f"expected 1 to 3 positive integers joined by 'x' (e.g. 8, 2x4, 2x2x2), got {text!r}",
         )
     return shape
 
@@ -136,7 +139,10 @@ def make_device_grid(
     ndim = len(domain_shape)
     mesh = tuple(int(n) for n in mesh)
     if len(mesh) > ndim:
-        raise ConfigError("--mesh", f"mesh {_fmt(mesh)} has more axes than the {ndim}-D domain {_fmt(domain_shape)}")
+        raise ConfigError(
+            "--mesh",
+            f"mesh {_fmt(mesh)} has more axes than the {ndim}-D domain {_fmt(domain_shape)}",
+        )
     mesh = mesh + (1,) * (ndim - len(mesh))
     for axis, (n, m) in enumerate(zip(domain_shape, mesh, strict=True)):
         if n % m:

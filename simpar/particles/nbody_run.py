@@ -222,7 +222,8 @@ def run_config(
         raise ConfigError(path_key, f"{str(path)!r} is a directory")
     if path.exists() and not overwrite:
         raise ConfigError(
-            "--out", f"output file {path} exists; pass --overwrite to replace it or choose another --out"
+            "--out",
+            f"output file {path} exists; pass --overwrite to replace it or choose another --out",
         )
     if dtype == "float64" and not jax.config.jax_enable_x64:
         # The driver is a top-level entry point: float64 runs need 64-bit JAX.
