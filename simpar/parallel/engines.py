@@ -93,6 +93,8 @@ def observe_block(state: State, params: Params, *, model: GridModel, comm, globa
     out = {}
     bad = jnp.zeros((), jnp.int32)
     for f, u in state.items():
+        if not jnp.issubdtype(u.dtype, jnp.floating):
+            continue  # flags and masks (e.g. the LBM wall field) are not observables
         out[f"{f}_sum"] = comm.psum(jnp.sum(u))
         out[f"{f}_min"] = comm.pmin(jnp.min(u))
         out[f"{f}_max"] = comm.pmax(jnp.max(u))
