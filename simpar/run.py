@@ -248,10 +248,16 @@ def run_grid(
     )
     coords = {n: c for n, c in zip(reversed(names), reversed(domain.coords()), strict=True)}
     if resume:
-        writer = GridWriter.open_existing(path, step=start)
+        writer = GridWriter.open_existing(path, step=start, xdmf_min_interval=2.0)
     else:
+        # the XDMF sidecar is rewritten whole: at most every 2 s, and always at close
         writer = GridWriter(
-            path, coords=coords, variables=variables, attrs=attrs, overwrite=overwrite
+            path,
+            coords=coords,
+            variables=variables,
+            attrs=attrs,
+            overwrite=overwrite,
+            xdmf_min_interval=2.0,
         )
 
     def frame(step, host_state, obs):
