@@ -7,12 +7,15 @@ measured on the same machine by ``simpar.benchmark.memory_bandwidth`` (a 512 MiB
 array: a jitted in-place ``x * c`` pass and numpy's single-threaded ``copyto``, bytes read +
 written per second; the larger is the roofline, the ratio against numpy's is reported too).
 
-Measured on the 2-core AMD EPYC CI box (2026-11-30, shared, so +-30%): periodic 1024^2,
-halo 1: single 49, pmap 54, shard_map 54 (2 devices), sharded 38 MLUPS, i.e. 7% of the jax-copy
-roofline (725 MLUPS at 52 GB/s), 13% of the numpy-copy one (374 MLUPS). XLA:CPU does not emit
-one pass: the engines' halo pad (a concatenate along the minor axis) takes ~45% of a step, and
-the stream + collide is split into per-population slice copies, a moments pass and the
-collision pass. The 50% target is not met on CPU.
+Measured on the 2-core AMD EPYC CI box (2026-11-30, +-10% run to run), periodic 1024^2, halo 1:
+single 70, pmap 83, shard_map 78 (2 devices), sharded 52 MLUPS, i.e. 9-11% of the jax-copy
+roofline (~740 MLUPS at ~53 GB/s), 18-21% of the numpy-copy one (~390 MLUPS); single with halo 4:
+90. Cavity (``--walls``), halo 1: single 55, pmap 93, shard_map 86 (2 devices), sharded 33; halo 4:
+single 57. (Before the plane-by-plane update of 2026-11-30: periodic single 52 / halo 4 34, cavity
+single 27 / halo 4 41.) XLA:CPU does not emit one pass: the engines' halo pad (a concatenate along
+the minor axis, materialised) takes about half of a step, then the update runs a density pass, a
+velocity pass and one collision pass per population (see ``simpar.grid.lbm.make_model``). The 50%
+target is not met on CPU.
 
 Every case is warmed up (compiled and run once), then timed over ``--repeats`` chunks of
 ``--steps`` steps; the best chunk counts. Prints one JSON object.

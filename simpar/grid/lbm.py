@@ -223,12 +223,25 @@ def _dot(ci, u):
     return out
 
 
-def moments(lattice: Lattice, df: list):
+def _materialise(planes: list) -> list:
+    """The planes, written once into one buffer by in-place dynamic_update_slice.
+
+    XLA:CPU otherwise fuses an expression into each of its consumers (recomputing it, and
+    re-reading its inputs, once per consumer); ``lax.optimization_barrier`` does not stop that.
+    """
+    buf = jnp.zeros((len(planes),) + planes[0].shape, planes[0].dtype)
+    for j, p in enumerate(planes):
+        buf = lax.dynamic_update_slice(buf, p[None], (j,) + (0,) * p.ndim)
+    return [buf[j] for j in range(len(planes))]
+
+
+def moments(lattice: Lattice, df: list, rho=None):
     """Density and velocity ``(rho, [u_x, u_y, ...])`` from ``Q`` zero-centred populations.
 
     Args:
       df: ``Q`` arrays ``f_i - w_i`` (populations minus the rest equilibrium at unit density),
         all of one shape ``S``.
+      rho: optional density ``S`` to divide by (e.g. one already materialised), else computed.
 
     Returns:
       ``rho`` (``1 + sum_i df_i``) and ``d`` velocity components ``sum_i c_i df_i / rho``, shape ``S``.
@@ -244,7 +257,8 @@ def moments(lattice: Lattice, df: list):
                 continue
             m = (fi if ci[a] > 0 else -fi) if m is None else (m + fi if ci[a] > 0 else m - fi)
         mom.append(m)
-    rho = 1 + drho
+    if rho is None:
+        rho = 1 + drho
     inv = 1 / rho
     return rho, [m * inv for m in mom]
 
@@ -288,11 +302,22 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
     if has_walls:
         model_bcs["wall"] = tuple(w_bcs)
     vels, weights, opp = lattice.c, lattice.w, lattice.opp
-    cvec = np.asarray(vels, np.float64)  # (Q, d)
     zero = (0,) * d
 
+    # Why the update is written plane by plane (XLA:CPU, D2Q9 1024^2 float32, 2 cores): the
+    # natural form (stack the Q streamed planes, collide the (Q, *shape) array with the moments
+    # broadcast over Q) ran at ~50 MLUPS periodic / ~28 cavity (halo 1). XLA fused the moments
+    # into every consumer, so each output population re-read all Q input planes (~9x the
+    # traffic), and its stack/concatenate fusions are slow. Here the density, then the velocity,
+    # are written once into buffers by in-place dynamic_update_slice (an optimization_barrier
+    # does not stop that fusion on CPU), and each population is collided as its own plane (no
+    # broadcasts) and written into the output by dynamic_update_slice instead of a stack:
+    # ~1.3x periodic, ~2x cavity. Each cell's arithmetic is unchanged by how XLA cuts the
+    # kernels, so the engines stay bitwise equal (FMA off).
     def update(state, params):
         fp = state["f"]  # (Q, n_0 + 2k, ...), post-collision
+        shape = tuple(m - 2 for m in fp.shape[1:])
+        origin = (0,) * d
         if has_walls:
             wall = state["wall"]
         if moving:
@@ -313,21 +338,21 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
                     )
                 fi = jnp.where(flag != 0, bounced, fi)
             pulled.append(fi)
-        rho, u = moments(lattice, pulled)
+        rho = _materialise([moments(lattice, pulled)[0]])[0]  # read once per consumer below
+        u = _materialise(moments(lattice, pulled, rho)[1])
         drho = rho - 1
-        # collide all Q planes in one elementwise pass over (Q, *shape): velocities and
-        # weights enter as (Q, 1, ...) constants, so XLA emits one loop, not Q loops + a copy
-        dtype = fp.dtype
-        bshape = (lattice.q,) + (1,) * d
-        w = jnp.asarray(weights, dtype).reshape(bshape)
-        cu = sum(jnp.asarray(cvec[:, a], dtype).reshape(bshape) * u[a] for a in range(d))
         usq = sum(ua * ua for ua in u)
-        dfeq = w * (drho + rho * (cu * (3 + 4.5 * cu) - 1.5 * usq))  # f_eq - w
         omega = 1 / (3 * params["viscosity"] + 0.5)
-        p = jnp.stack(pulled)
+        out = jnp.zeros(fp.shape[:1] + shape, fp.dtype)
+        for i, (ci, wi) in enumerate(zip(vels, weights, strict=True)):
+            cu = _dot(ci, u)  # None for the rest population
+            t = -1.5 * usq if cu is None else cu * (3 + 4.5 * cu) - 1.5 * usq
+            dfeq = wi * (drho + rho * t)  # f_eq - w
+            p = pulled[i]
+            out = lax.dynamic_update_slice(out, (p + omega * (dfeq - p))[None], (i,) + origin)
         # the barrier keeps XLA from fusing consecutive updates (halo > 1) into one expression
         # that recomputes every earlier step per output element (10x slower when it did)
-        out = lax.optimization_barrier(p + omega * (dfeq - p))
+        out = lax.optimization_barrier(out)
         new = {"f": out}
         if has_walls:
             new["wall"] = stencils.crop(wall, 1, d)
