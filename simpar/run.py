@@ -82,33 +82,17 @@ def run_config(
       SimulationError: the run failed (the output holds every frame before the failure).
     """
     name = model_name(data)
+    options = dict(
+        engine=engine, mesh=mesh, steps=steps, out=out, progress=progress, overwrite=overwrite
+    )
     if name in PARTICLE_MODELS:
         if resume:
             raise ConfigError(
                 "--resume", f"restart is available for grid models; not yet for {name!r}"
             )
         module = importlib.import_module(PARTICLE_MODELS[name])
-        return module.run_config(
-            data,
-            config_text,
-            engine=engine,
-            mesh=mesh,
-            steps=steps,
-            out=out,
-            progress=progress,
-            overwrite=overwrite,
-        )
-    return run_grid(
-        data,
-        config_text,
-        engine=engine,
-        mesh=mesh,
-        steps=steps,
-        out=out,
-        overwrite=overwrite,
-        progress=progress,
-        resume=resume,
-    )
+        return module.run_config(data, config_text, **options)
+    return run_grid(data, config_text, resume=resume, **options)
 
 
 def _parallel_settings(cfg: Section, engine, mesh):
