@@ -99,10 +99,6 @@ def _parallel_settings(cfg: Section, engine, mesh):
     par = cfg.section("parallel")
     cfg_engine = par.get("engine", "single", kind=str, choices=ENGINES)
     engine = engine or cfg_engine
-    if engine not in ENGINES:
-        raise ConfigError(
-            "--engine", f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}"
-        )
     cfg_mesh = par.get("mesh", None, kind=int, length=(1, 2, 3), min=1)
     mesh = tuple(mesh) if mesh is not None else (tuple(cfg_mesh) if cfg_mesh else None)
     halo = par.get("halo", None, kind=int, min=1, max=16)

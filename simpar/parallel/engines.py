@@ -34,11 +34,11 @@ from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
 from simpar.grid.model import GridModel, Params, State
+from simpar.grid.stencils import crop
 from simpar.parallel.halo import (
     LocalComm,
     PmapComm,
     ShardMapComm,
-    crop,
     fill_edges,
     pad,
 )

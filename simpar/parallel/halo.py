@@ -206,11 +206,3 @@ def fill_edges(x: jax.Array, k: int, bcs, comm) -> jax.Array:
         x = lax.dynamic_update_slice_in_dim(x, lo, 0, ax)
         x = lax.dynamic_update_slice_in_dim(x, hi, n - k, ax)
     return x
-
-
-def crop(x: jax.Array, k: int, d: int) -> jax.Array:
-    """Remove a halo of width ``k`` from the trailing ``d`` axes."""
-    if k == 0:
-        return x
-    idx = (Ellipsis,) + (slice(k, -k),) * d
-    return x[idx]
