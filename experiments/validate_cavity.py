@@ -37,7 +37,7 @@ def run_steady(setup, engine="single", mesh=None, halo=None, max_steps=None, log
     """
     import numpy as np
 
-    from simpar.grid.lbm import host_moments
+    from simpar.grid.lbm import host_moments, populations
     from simpar.parallel.engines import make_engine
 
     crit = setup.steady
@@ -45,14 +45,14 @@ def run_steady(setup, engine="single", mesh=None, halo=None, max_steps=None, log
     e = make_engine(engine, model, setup.domain.shape, mesh, halo)
     st = e.place(setup.state)
     mass0 = float(e.observe(st, params)["mass"])
-    _, u_prev = host_moments(setup.lattice, e.gather(st)["f"])
+    _, u_prev = host_moments(setup.lattice, populations(e.gather(st), setup.lattice))
     steps, residual, t_run = 0, float("inf"), 0.0
     max_steps = max_steps or 10**9
     while steps < max_steps:
         n = min(crit.every, max_steps - steps)
         t0 = time.perf_counter()
         st = e.advance(st, params, n)
-        f = e.gather(st)["f"]
+        f = populations(e.gather(st), setup.lattice)
         t_run += time.perf_counter() - t0 if steps else 0.0  # first chunk compiles
         steps += n
         _, u = host_moments(setup.lattice, f)

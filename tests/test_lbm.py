@@ -114,7 +114,7 @@ def test_shear_wave_decays_at_nu_k2():
     u0 = [np.broadcast_to(amp * np.sin(2 * np.pi * y / n), (4, n)), np.zeros((4, n))]
     s = lbm.lattice_setup((4, n), walls=PERIODIC, viscosity=nu, dtype="float64", u0=u0)
     out, _ = run_engine("shard_map", s.model, s.state, s.params, steps, (1, 8), 2)
-    a = _shear_amplitude(out["f"], s.lattice, n)
+    a = _shear_amplitude(lbm.populations(out, s.lattice), s.lattice, n)
     k = 2 * np.pi / n
     rate = -np.log(a / amp) / steps
     assert rate == pytest.approx(nu * k * k, rel=5e-3)
@@ -130,10 +130,9 @@ def test_grad_and_vmap_through_a_run_with_respect_to_viscosity():
 
     def amplitude(nu):
         params = dict(s.params, viscosity=nu)
-        st = advance_block(
-            {"f": jnp.asarray(s.state["f"])}, params, steps, model=s.model, comm=LocalComm(2), w=1
-        )
-        df = st["f"]
+        st0 = {k: jnp.asarray(v) for k, v in s.state.items()}
+        st = advance_block(st0, params, steps, model=s.model, comm=LocalComm(2), w=1)
+        df = lbm.populations(st, s.lattice)
         rho = 1 + df.sum(0)
         ux = (df[1] + df[5] + df[8] - df[3] - df[6] - df[7]) / rho
         return 2 * jnp.mean(ux * sin[None, :])
@@ -170,7 +169,7 @@ def test_cavity_re100_matches_ghia_on_a_small_grid():
     while res > s.steady.tol and steps < 40_000:
         st = e.advance(st, s.params, s.steady.every)
         steps += s.steady.every
-        _, u = lbm.host_moments(s.lattice, e.gather(st)["f"])
+        _, u = lbm.host_moments(s.lattice, lbm.populations(e.gather(st), s.lattice))
         if u_prev is not None:
             res = max(np.abs(a - b).max() for a, b in zip(u, u_prev, strict=True)) / 0.1
         u_prev = u
@@ -182,8 +181,11 @@ def test_cavity_re100_matches_ghia_on_a_small_grid():
 
 def test_from_config_outputs_and_units():
     s = lbm.from_config(cfgmod.Section(_cavity_cfg(n=16)))
-    assert set(s.model.fields) == {"f", "wall"}
-    assert s.state["f"].shape == (9, 16, 16) and s.state["f"].dtype == np.float64
+    names = tuple(f"f{i}" for i in range(9))
+    assert lbm.population_names(s.lattice) == names
+    assert set(s.model.fields) == {*names, "wall"}
+    f = lbm.populations(s.state, s.lattice)
+    assert f.shape == (9, 16, 16) and f.dtype == np.float64
     assert s.state["wall"].dtype == np.uint8
     assert s.dt == pytest.approx(1 / 16)
     assert float(s.params["viscosity"]) == pytest.approx(0.1 * 16 / 100)
@@ -235,10 +237,26 @@ def test_shear_wave_config_is_periodic_without_a_wall_field():
         "initial": {"kind": "shear_wave", "amplitude": 0.02, "mode": 2},
     }
     s = lbm.from_config(cfgmod.Section(cfg))
-    assert set(s.model.fields) == {"f"} and s.model.periodic == (True, True)
+    assert set(s.model.fields) == set(lbm.population_names(s.lattice))
+    assert s.model.periodic == (True, True)
     assert float(s.params["viscosity"]) == pytest.approx(0.1)
     ux = s.output["ux"](s.state)
     y = (np.arange(16) + 0.5) / 16
     np.testing.assert_allclose(
         ux, np.broadcast_to(0.02 * np.sin(4 * np.pi * y), (8, 16)), atol=1e-7
     )
+
+
+def test_fused_returns_its_inputs_bitwise():
+    """``lbm.fused`` only changes how XLA schedules the loop, never a value (NaN and inf too)."""
+    rng = np.random.default_rng(3)
+    for dt in (np.float32, np.float64):
+        planes = [rng.standard_normal((5, 7)).astype(dt) for _ in range(3)]
+        planes[0][1, 2] = np.nan
+        planes[1][0, 0] = -np.inf
+        out = jax.jit(lbm.fused)(planes)
+        for got, want in zip(out, planes, strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(np.asarray(got), want)
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        lbm.fused([np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float64)])

@@ -1,10 +1,11 @@
 """Lattice Boltzmann (BGK) on D2Q9 and D3Q19 lattices: fused collide + stream per update.
 
 Everything here is in lattice units (cell size ``dx = 1``, time step ``dt = 1``, sound speed
-``c_s^2 = 1/3``). A run stores the **post-collision** populations ``f*`` in one field ``f`` of
-shape ``(Q, nx, ny[, nz])`` (the lead axis ``Q`` is never split between devices), zero-centred:
-the field holds ``f*_i - w_i``, the deviation from the rest equilibrium at unit density, which
-keeps float32 round-off (mass drift, steady-state residual) about 100x smaller than storing
+``c_s^2 = 1/3``). A run stores the **post-collision** populations ``f*_i`` as ``Q`` fields
+``f0 .. f{Q-1}`` (:func:`population_names`), each of the spatial shape ``(nx, ny[, nz])``;
+:func:`populations` stacks them into ``(Q, nx, ny[, nz])``. They are zero-centred: a field
+holds ``f*_i - w_i``, the deviation from the rest equilibrium at unit density, which keeps
+float32 round-off (mass drift, steady-state residual) about 100x smaller than storing
 ``f*_i ~ w_i`` itself. One ``update`` is one lattice time step, streaming first and colliding
 second::
 
@@ -15,25 +16,32 @@ with ``f_i^eq = w_i rho (1 + 3 c_i.u + 9/2 (c_i.u)^2 - 3/2 u.u)``. Diagonal popu
 read from the corner halo cells, so streaming across device boundaries only needs the standard
 halo fill (faces, edges and corners included).
 
+Why one field per population: the whole update (streaming, moments, collision of every
+population) then compiles to one loop over the cells that reads each population once and
+writes each once (see :func:`fused`). With one stacked ``(Q, ...)`` field XLA:CPU writes the
+populations in separate loops, each re-reading all ``Q`` inputs, plus a copy for the stack:
+2-3x slower (``experiments/bench_lbm.py``).
+
 Walls: halfway bounce-back (the wall lies on the cell face between the last fluid cell and the
-first ghost cell). A model with walls carries a second field ``wall`` ``(nx, ny[, nz])``, uint8,
-0 in the fluid; its boundary condition (:class:`WallFlag`) writes 1 into the ghost cells of a
-resting wall and 2 into those of a moving one. Streaming then reads, for each population, the
-flag of the cell it is pulled from::
+first ghost cell). A model with walls carries one more field ``wall`` ``(nx, ny[, nz])``,
+uint8, 0 in the fluid; its boundary condition (:class:`WallFlag`) writes 1 into the ghost cells
+of a resting wall and 2 into those of a moving one. Streaming then reads, for each population,
+the flag of the cell it is pulled from::
 
     f_i(x) = f*_i(x - c_i)                                  if wall(x - c_i) == 0
            = f*_opp(i)(x)                                   if wall(x - c_i) == 1
            = f*_opp(i)(x) + 2 w_i rho0 (c_i . u_w) / c_s^2  if wall(x - c_i) == 2  (Ladd 1994)
 
-Why a flag and not a halo fill of ``f`` alone: the engines fill each axis's halo from the block
-*before* exchanging the next axis (``simpar.parallel.halo.pad``), so a fill cannot see the
-tangential neighbour across a device boundary that a diagonal population at a wall needs; and
-the wall velocity ``u_w`` is a parameter (an array leaf, sweepable and differentiable), which a
-static fill cannot see. The flag's fill is a constant, and the bounce-back value is the cell's
-own post-collision population, so every engine computes the same numbers bitwise. The ghost
-values of ``f`` itself (:class:`BounceBack` fills the mirrored opposite populations) are never
-used by fluid cells. Mass is conserved to round-off: every population sent into a wall comes
-back to its cell, and the moving-wall terms of one cell cancel (``sum_i w_i c_i = 0``).
+Why a flag and not a halo fill of the populations: the engines fill each axis's halo from the
+block *before* exchanging the next axis (``simpar.parallel.halo.pad``), so a fill cannot see
+the tangential neighbour across a device boundary that a diagonal population at a wall needs,
+and a fill of one field cannot see the opposite population in another field; the wall velocity
+``u_w`` is a parameter (an array leaf, sweepable and differentiable), which a static fill
+cannot see either. The flag's fill is a constant, and the bounce-back value is the cell's own
+post-collision population, so every engine computes the same numbers bitwise. The ghost values
+of the populations at a wall (a mirror fill, ``boundary.Neumann``) are never used by fluid
+cells. Mass is conserved to round-off: every population sent into a wall comes back to its
+cell, and the moving-wall terms of one cell cancel (``sum_i w_i c_i = 0``).
 
 Corners and edges: the halo is filled axis by axis (x, then y, then z), so ghost cells on an
 edge or corner take the flag of the last walled axis: in the lid-driven cavity the two upper
@@ -140,42 +148,6 @@ RESTING, MOVING = 1, 2  # values of the ``wall`` flag field in ghost cells
 
 
 @dataclass(frozen=True)
-class BounceBack:
-    """Halo fill of the populations ``f`` at a wall (resting or moving).
-
-    The ghost cell at mirror distance gets the opposite populations of the cell just inside,
-    ``f*_i(g) = f*_opp(i)(mirror(g))``: the exact halfway bounce-back value for the populations
-    normal to the wall. The full rule, diagonal and moving-wall populations included, is applied
-    by the update from the ``wall`` flag (see module docstring): a fill runs before the next
-    axis is exchanged, so it cannot see the tangential neighbour across a device boundary that
-    a diagonal population needs. Fluid cells never read these ghost values; the fill keeps them
-    physical and finite.
-    """
-
-    lattice: Lattice
-    periodic = False
-
-    def fill(self, inner: jax.Array, axis: int, side: int) -> jax.Array:
-        """Ghost slab from the slab just inside the wall.
-
-        Args:
-          inner: ``(Q, ..., k, ...)``: the ``k`` cells just inside the wall along ``axis``,
-            post-collision populations.
-          axis: array axis of ``inner`` normal to the wall.
-          side: -1 for the lower wall, +1 for the upper one.
-
-        Returns:
-          Same shape as ``inner``: the halo slab outside the wall.
-        """
-        if inner.shape[0] != self.lattice.q:
-            raise ValueError(f"BounceBack expects fields (Q, *spatial); got shape {inner.shape}")
-        mirror = jnp.flip(inner, axis)
-        return lax.concatenate(
-            [lax.slice_in_dim(mirror, o, o + 1, axis=0) for o in self.lattice.opp], 0
-        )
-
-
-@dataclass(frozen=True)
 class WallFlag:
     """Halo fill of the ``wall`` flag field: 1 in the ghost cells of a resting wall, 2 of a moving one."""
 
@@ -223,25 +195,59 @@ def _dot(ci, u):
     return out
 
 
-def _materialise(planes: list) -> list:
-    """The planes, written once into one buffer by in-place dynamic_update_slice.
+def fused(planes: list) -> list:
+    """The same arrays, computed by one loop that writes them all (values unchanged bitwise).
 
-    XLA:CPU otherwise fuses an expression into each of its consumers (recomputing it, and
-    re-reading its inputs, once per consumer); ``lax.optimization_barrier`` does not stop that.
+    XLA:CPU does not fuse sibling outputs: ``Q`` populations computed from the same ``Q`` inputs
+    become ``Q`` loops, each re-reading every input and recomputing the moments. A variadic
+    reduce is one loop with several outputs, so each plane ``p`` is written as the sum over a
+    length-2 axis of ``[p, 0]``: ``(0 + p) + 0 == p`` exactly, in any summation order (only the
+    sign of a zero can change). D2Q9 1024^2 float32 on 2 CPU cores: 2-3x faster.
+
+    Args:
+      planes: arrays of one shape ``S`` and one floating dtype.
+
+    Returns:
+      Arrays equal to ``planes``, same shape and dtype.
     """
-    buf = jnp.zeros((len(planes),) + planes[0].shape, planes[0].dtype)
-    for j, p in enumerate(planes):
-        buf = lax.dynamic_update_slice(buf, p[None], (j,) + (0,) * p.ndim)
-    return [buf[j] for j in range(len(planes))]
+    if len({(p.shape, p.dtype) for p in planes}) > 1:
+        raise ValueError(
+            "fused needs arrays of one shape and dtype; got "
+            + ", ".join(f"{p.dtype}{list(p.shape)}" for p in planes)
+        )
+    ops = [
+        lax.pad(p[None], jnp.zeros((), p.dtype), [(0, 1, 0)] + [(0, 0, 0)] * p.ndim) for p in planes
+    ]
+    inits = [jnp.zeros((), p.dtype) for p in planes]
+    out = lax.reduce(
+        ops, inits, lambda acc, x: tuple(a + b for a, b in zip(acc, x, strict=True)), (0,)
+    )
+    return list(out)
 
 
-def moments(lattice: Lattice, df: list, rho=None):
+def population_names(lattice: Lattice) -> tuple[str, ...]:
+    """Field names of the populations: ``("f0", ..., "f{Q-1}")``, in the order of ``lattice.c``."""
+    return tuple(f"f{i}" for i in range(lattice.q))
+
+
+def populations(state, lattice: Lattice):
+    """The population fields of a state stacked into one array ``(Q, *shape)`` (NumPy or JAX)."""
+    arrays = [state[name] for name in population_names(lattice)]
+    if all(isinstance(a, np.ndarray) for a in arrays):
+        return np.stack(arrays)
+    return jnp.stack(arrays)
+
+
+def moments(lattice: Lattice, df: list, *, opaque_inverse: bool = False):
     """Density and velocity ``(rho, [u_x, u_y, ...])`` from ``Q`` zero-centred populations.
 
     Args:
       df: ``Q`` arrays ``f_i - w_i`` (populations minus the rest equilibrium at unit density),
         all of one shape ``S``.
-      rho: optional density ``S`` to divide by (e.g. one already materialised), else computed.
+      opaque_inverse: multiply ``1 / rho`` by a 1 that XLA cannot see through (same values).
+        The divide then has one user, which lets XLA:CPU fuse the density sum into the loop of
+        its consumers instead of writing it to memory first (an expensive op with several
+        users blocks the fusion of everything upstream of it).
 
     Returns:
       ``rho`` (``1 + sum_i df_i``) and ``d`` velocity components ``sum_i c_i df_i / rho``, shape ``S``.
@@ -257,9 +263,10 @@ def moments(lattice: Lattice, df: list, rho=None):
                 continue
             m = (fi if ci[a] > 0 else -fi) if m is None else (m + fi if ci[a] > 0 else m - fi)
         mom.append(m)
-    if rho is None:
-        rho = 1 + drho
+    rho = 1 + drho
     inv = 1 / rho
+    if opaque_inverse:
+        inv = inv * lax.optimization_barrier(jnp.ones((), inv.dtype))
     return rho, [m * inv for m in mom]
 
 
@@ -272,12 +279,13 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
         resting wall) or ``"lid"`` (a wall moving with ``params["u_wall"]``).
 
     Returns:
-      A ``GridModel`` named ``lbm`` with radius 1 and fields ``f`` ``(Q, *shape)``
-      (post-collision populations, lattice units, state dtype) and, when an axis has walls,
-      ``wall`` ``(*shape)`` uint8 (0 in the fluid; its halo fill marks the ghost cells of
-      walls). Params (array leaves, state dtype): ``viscosity`` (nu, lattice units;
-      ``tau = 3 nu + 1/2``), ``u_wall`` ``(d,)`` (velocity of the moving walls, lattice units),
-      ``rho0`` (density in the moving-wall term, lattice units).
+      A ``GridModel`` named ``lbm`` with radius 1 and fields ``f0 .. f{Q-1}`` ``(*shape)``
+      (post-collision populations minus their weights, lattice units, state dtype) and, when
+      an axis has walls, ``wall`` ``(*shape)`` uint8 (0 in the fluid; its halo fill marks the
+      ghost cells of walls). Params (array leaves, state dtype): ``viscosity`` (nu, lattice
+      units; ``tau = 3 nu + 1/2``), ``u_wall`` ``(d,)`` (velocity of the moving walls, lattice
+      units), ``rho0`` (density in the moving-wall term, lattice units). Its diagnostics are
+      ``mass`` and ``kinetic_energy`` (lattice units), not per-population sums.
     """
     d = lattice.d
     if len(bcs) != d:
@@ -287,7 +295,7 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
         pair_f, pair_w = [], []
         for b in (lo, hi):
             if b in ("wall", "lid"):
-                pair_f.append(BounceBack(lattice))
+                pair_f.append(boundary.Neumann())  # ghost populations are never read (flag)
                 pair_w.append(WallFlag(MOVING if b == "lid" else RESTING))
             elif getattr(b, "periodic", False):
                 pair_f.append(boundary.Periodic())
@@ -298,26 +306,18 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
         w_bcs.append(tuple(pair_w))
     has_walls = not all(lo.periodic for lo, _ in f_bcs)
     moving = any(b == "lid" for pair in bcs for b in pair)
-    model_bcs = {"f": tuple(f_bcs)}
+    names = population_names(lattice)
+    model_bcs = {name: tuple(f_bcs) for name in names}
     if has_walls:
         model_bcs["wall"] = tuple(w_bcs)
     vels, weights, opp = lattice.c, lattice.w, lattice.opp
     zero = (0,) * d
 
-    # Why the update is written plane by plane (XLA:CPU, D2Q9 1024^2 float32, 2 cores): the
-    # natural form (stack the Q streamed planes, collide the (Q, *shape) array with the moments
-    # broadcast over Q) ran at ~50 MLUPS periodic / ~28 cavity (halo 1). XLA fused the moments
-    # into every consumer, so each output population re-read all Q input planes (~9x the
-    # traffic), and its stack/concatenate fusions are slow. Here the density, then the velocity,
-    # are written once into buffers by in-place dynamic_update_slice (an optimization_barrier
-    # does not stop that fusion on CPU), and each population is collided as its own plane (no
-    # broadcasts) and written into the output by dynamic_update_slice instead of a stack:
-    # ~1.3x periodic, ~2x cavity. Each cell's arithmetic is unchanged by how XLA cuts the
-    # kernels, so the engines stay bitwise equal (FMA off).
+    # Each cell's arithmetic is fixed by this code, not by how XLA cuts it into kernels, so the
+    # engines stay bitwise equal (FMA off). The populations are written by one fused loop
+    # (``fused``): 2-3x faster on CPU than one loop per population (module docstring).
     def update(state, params):
-        fp = state["f"]  # (Q, n_0 + 2k, ...), post-collision
-        shape = tuple(m - 2 for m in fp.shape[1:])
-        origin = (0,) * d
+        fp = [state[name] for name in names]  # each (n_0 + 2k, ...), post-collision
         if has_walls:
             wall = state["wall"]
         if moving:
@@ -338,41 +338,47 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
                     )
                 fi = jnp.where(flag != 0, bounced, fi)
             pulled.append(fi)
-        rho = _materialise([moments(lattice, pulled)[0]])[0]  # read once per consumer below
-        u = _materialise(moments(lattice, pulled, rho)[1])
-        drho = rho - 1
+        # walls: measured faster when the bounce-back selects are written out first, which the
+        # plain divide causes (D2Q9 1024^2 cavity, halo 1: 121 vs 99 MLUPS; periodic: 184 vs 196)
+        rho, u = moments(lattice, pulled, opaque_inverse=not has_walls)
         usq = sum(ua * ua for ua in u)
+        base = (rho - 1) - rho * (1.5 * usq)  # (f_eq - w) / w for c = 0; shared by every i
         omega = 1 / (3 * params["viscosity"] + 0.5)
-        out = jnp.zeros(fp.shape[:1] + shape, fp.dtype)
+        out = []
         for i, (ci, wi) in enumerate(zip(vels, weights, strict=True)):
             cu = _dot(ci, u)  # None for the rest population
-            t = -1.5 * usq if cu is None else cu * (3 + 4.5 * cu) - 1.5 * usq
-            dfeq = wi * (drho + rho * t)  # f_eq - w
+            dfeq = wi * (base if cu is None else base + rho * (cu * (3 + 4.5 * cu)))  # f_eq - w
             p = pulled[i]
-            out = lax.dynamic_update_slice(out, (p + omega * (dfeq - p))[None], (i,) + origin)
+            out.append(p + omega * (dfeq - p))
         # the barrier keeps XLA from fusing consecutive updates (halo > 1) into one expression
         # that recomputes every earlier step per output element (10x slower when it did)
-        out = lax.optimization_barrier(out)
-        new = {"f": out}
+        out = lax.optimization_barrier(tuple(fused(out)))
+        new = dict(zip(names, out, strict=True))
         if has_walls:
             new["wall"] = stencils.crop(wall, 1, d)
         return new
 
     def local_sums(state, params):
-        f = [stencils.crop(state["f"][i], 1, d) for i in range(lattice.q)]
+        f = [stencils.crop(state[name], 1, d) for name in names]
         rho, u = moments(lattice, f)
         return {
             "mass": jnp.sum(rho),
             "kinetic_energy": 0.5 * jnp.sum(rho * sum(ua * ua for ua in u)),
         }
 
-    units = {"f": "1", "wall": "1", "rho": "1"}
+    units = {name: "1" for name in names}
+    units.update({"wall": "1", "rho": "1"})
     units.update({f"u{AXES[a]}": "length/time" for a in range(d)})
     long_names = {
-        "f": f"post-collision {lattice.name} populations (lattice units)",
-        "wall": "wall flag (0 in the fluid; the halo marks walls)",
-        "rho": "density (lattice units)",
+        name: f"post-collision {lattice.name} population {i} minus its weight (lattice units)"
+        for i, name in enumerate(names)
     }
+    long_names.update(
+        {
+            "wall": "wall flag (0 in the fluid; the halo marks walls)",
+            "rho": "density (lattice units)",
+        }
+    )
     long_names.update({f"u{AXES[a]}": f"{AXES[a]} velocity (lattice units)" for a in range(d)})
     return GridModel(
         name="lbm",
@@ -383,6 +389,7 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
         local_sums=local_sums,
         units=units,
         long_names=long_names,
+        diagnosed=(),
     )
 
 
@@ -418,13 +425,16 @@ def init_state(model: GridModel, lattice: Lattice, rho, u, dtype) -> dict:
       dtype: state dtype.
 
     Returns:
-      ``{"f": (Q, *shape)[, "wall": (*shape) uint8]}``; ``f`` zero-centred (``f_i^eq - w_i``).
+      ``{"f0": (*shape), ..., "f{Q-1}": (*shape)[, "wall": (*shape) uint8]}``, zero-centred
+      (``f_i^eq - w_i``).
     """
     rho = np.asarray(rho, np.float64)
     u = [np.broadcast_to(np.asarray(ua, np.float64), rho.shape) for ua in u]
-    w = np.asarray(lattice.w).reshape((-1,) + (1,) * rho.ndim)
-    f = (np.stack(equilibrium(lattice, rho, u)) - w).astype(dtype)
-    state = {"f": f}
+    feq = equilibrium(lattice, rho, u)
+    state = {
+        name: (fi - wi).astype(dtype)
+        for name, fi, wi in zip(population_names(lattice), feq, lattice.w, strict=True)
+    }
     if "wall" in model.bcs:
         state["wall"] = np.zeros(rho.shape, np.uint8)
     return state
@@ -434,7 +444,9 @@ def init_state(model: GridModel, lattice: Lattice, rho, u, dtype) -> dict:
 # Derived output fields (host side)
 # --------------------------------------------------------------------------------------------
 def host_moments(lattice: Lattice, f: np.ndarray):
-    """``(rho, [u_x, u_y, ...])`` from the stored field ``f`` ``(Q, *shape)``, float64, each ``(*shape)``.
+    """``(rho, [u_x, u_y, ...])`` from the populations ``f`` ``(Q, *shape)`` (:func:`populations`).
+
+    Returns float64 arrays of the spatial shape ``(*shape)``.
 
     The stored populations are post-collision and zero-centred (``f_i - w_i``); BGK conserves
     mass and momentum, so these are the density and velocity of the step (lattice units).
@@ -449,18 +461,19 @@ def host_moments(lattice: Lattice, f: np.ndarray):
 def output_fields(lattice: Lattice) -> dict:
     """``name -> fn(host_state) -> (*shape) array`` for ``rho``, ``ux``, ``uy``[, ``uz``].
 
-    Each function takes the host state (``{"f": (Q, *shape), ...}``) and returns a float array
-    of the spatial shape ``(nx, ny[, nz])`` in the dtype of ``f``: density (lattice units) and
-    velocity components (lattice units = length/time of the output, see module docstring).
+    Each function takes the host state (``{"f0": (*shape), ...}``) and returns a float array
+    of the spatial shape ``(nx, ny[, nz])`` in the dtype of the populations: density (lattice
+    units) and velocity components (lattice units = length/time of the output, see module
+    docstring).
     """
 
     def rho(state):
-        f = state["f"]
+        f = populations(state, lattice)
         return host_moments(lattice, f)[0].astype(f.dtype)
 
     def vel(a):
         def fn(state):
-            f = state["f"]
+            f = populations(state, lattice)
             return host_moments(lattice, f)[1][a].astype(f.dtype)
 
         return fn

@@ -38,6 +38,8 @@ class GridModel:
       local_sums: optional per-block contributions to global diagnostics.
       units: field name -> units string for outputs.
       long_names: field name -> description for outputs.
+      diagnosed: fields whose sum, min, max and profile the engines report (``None``: every
+        floating-point field). The non-finite check always covers every floating-point field.
     """
 
     name: str
@@ -48,6 +50,7 @@ class GridModel:
     local_sums: Callable[[State, Params], dict[str, jax.Array]] | None = None
     units: Mapping[str, str] = field(default_factory=dict)
     long_names: Mapping[str, str] = field(default_factory=dict)
+    diagnosed: tuple[str, ...] | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:

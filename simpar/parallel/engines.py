@@ -95,10 +95,12 @@ def observe_block(state: State, params: Params, *, model: GridModel, comm, globa
     for f, u in state.items():
         if not jnp.issubdtype(u.dtype, jnp.floating):
             continue  # flags and masks (e.g. the LBM wall field) are not observables
+        bad = bad + jnp.sum(~jnp.isfinite(u)).astype(jnp.int32)
+        if model.diagnosed is not None and f not in model.diagnosed:
+            continue
         out[f"{f}_sum"] = comm.psum(jnp.sum(u))
         out[f"{f}_min"] = comm.pmin(jnp.min(u))
         out[f"{f}_max"] = comm.pmax(jnp.max(u))
-        bad = bad + jnp.sum(~jnp.isfinite(u)).astype(jnp.int32)
         if u.ndim == d:
             lead_axes = tuple(range(d - 1))
             prof = comm.psum_over(jnp.sum(u, axis=lead_axes), lead_axes)
