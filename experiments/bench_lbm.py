@@ -11,24 +11,25 @@ access pattern of a two-buffer LBM step. ``streaming_copy_ratio`` compares with
 ``xla_streaming_copy_mlups``: the 9 planes shifted by their ``c_i`` and nothing else, jitted by
 the same XLA (:func:`streaming_copy_mlups`): the data movement every D2Q9 step has to do.
 
-Measured on the 2-core AMD EPYC CI box (2026-11-30, one run each, +-15% run to run):
+Measured on the 2-core AMD EPYC CI box (2026-11-30, one run each, +-15% run to run; in-place
+bandwidth 54 GB/s = roofline 756 MLUPS, threaded copy 42-45 GB/s = 583-623 MLUPS):
 
-==================== ========= ========= ==================== =========================
-case                 single h1 single h4 pmap / shard_map x2  streaming copy (ceiling)
-==================== ========= ========= ==================== =========================
-periodic             167       243       170 / 165            254
-cavity (``--walls``) 109       89        111 / 109            265
-==================== ========= ========= ==================== =========================
+==================== ========= ========= ==================== ========= ======================
+case                 single h1 single h4 pmap / shard_map x2  sharded   streaming copy (XLA)
+==================== ========= ========= ==================== ========= ======================
+periodic             187       230       179 / 179            59        265
+cavity (``--walls``) 159       125       132 / 128            56        305
+==================== ========= ========= ==================== ========= ======================
 
-(sharded x2: 80 periodic, 59 cavity.) Periodic single with halo 4 is 19% of the in-place
-roofline (1304 MLUPS in that run), 38% of the copy one (634) and 96% of the streaming copy:
-the step runs as fast as XLA:CPU moves its data here. XLA's out-of-place kernels do not reach
-the machine's copy bandwidth (``jax_copy_GBps``, 16-23 GB/s, against 41-52 for ``np.copyto``),
-so the 50% roofline target of the issue is out of reach for any XLA:CPU formulation on this
-machine; a GPU run of this script is the open check. History of the same box: 52 (periodic h1)
-and 27 (cavity h1) MLUPS for the first version (one stacked ``(9, nx, ny)`` field, the natural
-formulation), 70 / 55 after writing the moments once, 167 / 109 with one field per
-population and one fused loop (``simpar.grid.lbm.fused``).
+Periodic single with halo 4 is 30% of the roofline, 37% of the copy one and 87% of XLA's
+streaming copy: the step runs nearly as fast as XLA:CPU moves its data here. XLA's out-of-place
+kernels do not reach the machine's copy bandwidth (``jax_copy_GBps``, 15-23 GB/s, against
+41-52 for ``np.copyto``; in some processes the in-place pass reads up to 94 GB/s, which raises
+the roofline further), so the 50% roofline target of the issue is out of reach for any XLA:CPU
+formulation on this machine; a GPU run of this script is the open check. History on the same
+box (single, halo 1, periodic / cavity): 52 / 27 MLUPS for the first version (one stacked
+``(9, nx, ny)`` field, the natural formulation), 70 / 55 after writing the moments once,
+187 / 159 with one field per population and one fused loop (``simpar.grid.lbm.fused``).
 
 Every case is warmed up (compiled and run once), then timed over ``--repeats`` chunks of
 ``--steps`` steps; the best chunk counts. Prints one JSON object.

@@ -5,7 +5,7 @@ state, reproduces u(x=0.5, y) and v(x, y=0.5) of Ghia et al. (their Tables I and
 ``data/reference/``). The simulation is interpolated linearly at the Ghia points; the
 deviation is in units of the lid speed. Prints one JSON object per Reynolds number.
 
-Run (on 2 CPU cores, 128^2 float32: Re = 100 about 30 s, Re = 1000 about 2 min):
+Run (on 2 CPU cores, 128^2 float32: Re = 100 about 5 s, Re = 1000 about 15 s):
     python experiments/validate_cavity.py                       # Re = 100
     python experiments/validate_cavity.py --re 100 1000         # both
     python experiments/validate_cavity.py --engine pmap --devices 8 --mesh 2x4
