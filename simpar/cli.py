@@ -2,8 +2,15 @@
 
     simpar run CONFIG.toml [--engine E] [--devices N] [--mesh AxB[xC]] [--steps N]
                            [--out PATH] [--set key.sub=value ...] [--overwrite] [--quiet]
+                           [--coordinator HOST:PORT --num-processes N --process-id I]
+                           [--distributed]
     simpar info [--devices N]
     simpar plot OUT.h5
+
+Multi-process runs (``simpar.parallel.distributed``): one ``simpar run`` per process with the
+same arguments, plus where to meet (``--coordinator``, ``--num-processes``, ``--process-id``),
+or ``--distributed`` to let JAX read them from a SLURM / Open MPI cluster. ``--devices`` is then
+the number of CPU devices per process and the mesh spans the devices of every process.
 
 Exit codes: 0 success; 2 invalid input (message names the key and what is allowed, no
 traceback, no output left behind); 1 failed run (step, reason, last good output).
@@ -50,6 +57,17 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     r.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     r.add_argument("--quiet", action="store_true", help="no progress output")
+    d = r.add_argument_group(
+        "multi-process runs", "one simpar run per process (simpar.parallel.distributed)"
+    )
+    d.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    d.add_argument("--num-processes", type=int, metavar="N", help="number of processes")
+    d.add_argument("--process-id", type=int, metavar="I", help="this process, 0 .. N-1")
+    d.add_argument(
+        "--distributed",
+        action="store_true",
+        help="join a multi-process run set up by the cluster (SLURM, Open MPI)",
+    )
     i = sub.add_parser("info", help="JAX version, backend, devices, processes")
     i.add_argument("--devices", type=int, help="number of virtual CPU devices")
     pl = sub.add_parser("plot", help="PNGs of the last frame / time series next to the file")
@@ -100,27 +118,44 @@ def _cmd_run(args) -> int:
     if args.steps is not None and args.steps < 0:
         raise ConfigError("--steps", f"must be >= 0, got {args.steps}")
     mesh = parse_mesh(args.mesh) if args.mesh else None
-    devices = args.devices
-    if devices is None and mesh is not None:
-        devices = math.prod(mesh)
-    if mesh is not None and devices is not None and math.prod(mesh) > devices:
+    multi = args.distributed or any(
+        v is not None for v in (args.coordinator, args.num_processes, args.process_id)
+    )
+    if args.distributed and args.coordinator is not None:
         raise ConfigError(
-            "--mesh", f"mesh {args.mesh} needs {math.prod(mesh)} devices but --devices is {devices}"
+            "--distributed", "give either --distributed (cluster) or --coordinator, not both"
+        )
+    devices = args.devices  # per process in a multi-process run
+    if devices is None and mesh is not None and not multi:
+        devices = math.prod(mesh)
+    n_proc = args.num_processes if args.num_processes is not None else 1
+    if mesh is not None and devices is not None and math.prod(mesh) > devices * n_proc:
+        raise ConfigError(
+            "--mesh",
+            f"mesh {args.mesh} needs {math.prod(mesh)} devices but --devices is {devices}"
+            + (f" per process x {n_proc} processes" if n_proc > 1 else ""),
         )
     data, text = cfgmod.load(args.config, args.set)
     _configure_jax(devices)
+    if multi:
+        from simpar.parallel import distributed
+
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     import jax
 
     # float64 configs need x64; float32 runs stay float32 (every array has an explicit dtype)
     jax.config.update("jax_enable_x64", True)
-    if devices is not None and devices > len(jax.devices()):
+    if devices is not None and devices > len(jax.local_devices()):
         raise ConfigError(
             "--devices",
-            f"{devices} devices requested but only {len(jax.devices())} "
+            f"{devices} devices requested but only {len(jax.local_devices())} "
             f"{jax.default_backend()} devices exist",
         )
-    if devices is not None and mesh is None and args.engine not in (None, "single"):
-        mesh = (devices,)
+    if mesh is None and args.engine not in (None, "single"):
+        if jax.process_count() > 1:
+            mesh = (jax.device_count(),)
+        elif devices is not None:
+            mesh = (devices,)
     from simpar.run import run_config
 
     summary = run_config(
@@ -134,7 +169,8 @@ def _cmd_run(args) -> int:
         progress=not args.quiet,
         resume=args.resume,
     )
-    print(json.dumps(summary, default=str))
+    if jax.process_index() == 0:
+        print(json.dumps(summary, default=str))
     return EXIT_OK
 
 

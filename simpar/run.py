@@ -26,6 +26,7 @@ from simpar import config as cfgmod
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.grid.model import GridSetup
+from simpar.parallel import distributed
 from simpar.parallel.engines import ENGINES, make_engine
 from simpar.parallel.topology import AXIS_NAMES
 from simpar.progress import Progress
@@ -86,6 +87,12 @@ def run_config(
         engine=engine, mesh=mesh, steps=steps, out=out, progress=progress, overwrite=overwrite
     )
     if name in PARTICLE_MODELS:
+        if distributed.process_count() > 1:
+            raise ConfigError(
+                "--num-processes",
+                f"multi-process runs support the grid models; {name!r} runs in one process "
+                "(use --devices and a mesh on one host)",
+            )
         if resume:
             raise ConfigError(
                 "--resume", f"restart is available for grid models; not yet for {name!r}"
@@ -142,6 +149,7 @@ def run_grid(
     cfg_path = o.get("path", f"data/runs/{model.name}.nc", kind=str)
     path = Path(out or cfg_path)
     save_checkpoints = o.get("checkpoint", True, kind=bool)
+    gather_limit = o.get("gather_limit_gib", 16.0, min=0.0, exclusive_min=True)
     engine, mesh, halo = _parallel_settings(cfg, engine, mesh)
     if engine != "single" and mesh is None:
         import jax
@@ -149,6 +157,11 @@ def run_grid(
         mesh = (len(jax.devices()),)
     cfg.check_unused()
     eng = make_engine(engine, model, domain.shape, mesh if engine != "single" else None, halo)
+    distributed.check_gather_size(
+        sum(np.asarray(u).nbytes for u in setup.state.values()),
+        gather_limit,
+        o.key("gather_limit_gib"),
+    )
     start = 0
     if resume:
         if not path.exists():
@@ -177,7 +190,12 @@ def run_grid(
         )
 
     # ---- everything validated: from here on we write -------------------------------------
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # (in a multi-process run every process has validated before process 0 creates a file,
+    # and only process 0 writes)
+    main = distributed.is_main()
+    distributed.barrier("simpar: input validated")
+    if main:
+        path.parent.mkdir(parents=True, exist_ok=True)
     d = domain.ndim
     names = AXIS_NAMES[:d]
     out_fields = setup.output or {f: (lambda s, f=f: s[f]) for f in model.fields}
@@ -227,7 +245,9 @@ def run_grid(
         }
     )
     coords = {n: c for n, c in zip(reversed(names), reversed(domain.coords()), strict=True)}
-    if resume:
+    if not main:
+        writer = _NoWriter()
+    elif resume:
         writer = GridWriter.open_existing(path, step=start, xdmf_min_interval=2.0)
     else:
         # the XDMF sidecar is rewritten whole: at most every 2 s, and always at close
@@ -241,10 +261,12 @@ def run_grid(
         )
 
     def frame(step, host_state, obs):
+        if not main:
+            return
         values = {f: np.transpose(fn(host_state)) for f, fn in out_fields.items()}
         values.update({k: v for k, v in obs.items() if k != "nonfinite"})
         writer.append(step * setup.dt, step, values)
-        if save_checkpoints:
+        if save_checkpoints and main:
             checkpoint.save(
                 checkpoint.checkpoint_path(path), host_state, step, config_text, model.name
             )
@@ -256,7 +278,7 @@ def run_grid(
         writer.set_status("running")
         if not resume:
             frame(0, eng.gather(state), obs)
-        with Progress(n_steps, enabled=progress, desc=f"{model.name}/{engine}") as bar:
+        with Progress(n_steps, enabled=progress and main, desc=f"{model.name}/{engine}") as bar:
             bar.update(start)
             while done < n_steps:
                 chunk = min(every, n_steps - done)
@@ -294,6 +316,19 @@ def run_grid(
         "Mcell_updates_per_s": cells * (n_steps - start) / wall / 1e6 if wall > 0 else float("nan"),
         "final": {k: (v.tolist() if np.ndim(v) == 0 else None) for k, v in obs.items()},
     }
+
+
+class _NoWriter:
+    """The output writer of processes other than 0 in a multi-process run: writes nothing."""
+
+    def append(self, *args, **kwargs):
+        pass
+
+    def set_status(self, status):
+        pass
+
+    def close(self):
+        pass
 
 
 def run_file(path: str, overrides=(), **kwargs) -> dict:

@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 from simpar.errors import ConfigError
 from simpar.grid.model import GridModel, Params, State
 from simpar.grid.stencils import crop
+from simpar.parallel.distributed import gather_blocks, to_host
 from simpar.parallel.halo import (
     LocalComm,
     PmapComm,
@@ -143,7 +144,8 @@ class Engine:
         raise NotImplementedError
 
     def gather(self, state) -> dict[str, np.ndarray]:
-        return {f: np.asarray(u) for f, u in state.items()}
+        """The whole state as host arrays (on every process of a multi-process run)."""
+        return {f: to_host(u) for f, u in state.items()}
 
     # Running ---------------------------------------------------------------------------------
     def advance(self, state, params: Params, n: int):
@@ -156,7 +158,7 @@ class Engine:
         """Diagnostics as host NumPy values (scalars and 1-D profiles)."""
         if self._observe is None:
             self._observe = self._compile_observe()
-        return {k: np.asarray(v) for k, v in self._observe(state, params).items()}
+        return {k: to_host(v) for k, v in self._observe(state, params).items()}
 
     def _compile_advance(self, n: int):
         raise NotImplementedError
@@ -330,11 +332,15 @@ class PmapEngine(Engine):
         return {f: self._put(self._blocks(np.asarray(u))) for f, u in state.items()}
 
     def _put(self, blocks: np.ndarray):
-        # an identity pmap places block i on device i (device_put_sharded is deprecated)
+        # an identity pmap places block i on device i (device_put_sharded is deprecated); in a
+        # multi-process run each process passes the blocks of its own devices only
+        mine = [i for i, d in enumerate(self.devices) if d.process_index == jax.process_index()]
+        if len(mine) < len(self.devices):
+            blocks = blocks[mine]
         return jax.pmap(lambda x: x, devices=self.devices)(blocks)
 
     def gather(self, state):
-        return {f: self._unblocks(np.asarray(u)) for f, u in state.items()}
+        return {f: self._unblocks(gather_blocks(u)) for f, u in state.items()}
 
     def _compile_advance(self, n):
         comm = PmapComm(self.grid, "dev")
@@ -359,9 +365,9 @@ class PmapEngine(Engine):
         ]
 
         def run(state, params):
-            out = obs(state, params)
+            out = {k: gather_blocks(v) for k, v in obs(state, params).items()}
             return {
-                k: (jnp.concatenate([v[i] for i in column]) if v.ndim == 2 else v[0])
+                k: (np.concatenate([v[i] for i in column]) if v.ndim == 2 else v[0])
                 for k, v in out.items()
             }
 
@@ -416,6 +422,12 @@ def make_engine(
         raise ConfigError(
             "parallel.halo",
             f"halo width {halo} is below the stencil radius {model.radius} of model {model.name}",
+        )
+    if name == "single" and jax.process_count() > 1:
+        raise ConfigError(
+            "--engine",
+            f"engine 'single' runs in one process; this run has {jax.process_count()} "
+            "(use pmap, shard_map or sharded)",
         )
     if name == "single" and math.prod(mesh) != 1:
         raise ConfigError(

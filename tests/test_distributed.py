@@ -1,0 +1,162 @@
+"""Multi-process runs (``jax.distributed``): two local processes of 4 CPU devices each, gloo.
+
+The same path runs on a cluster with one process per host; here both processes run on this
+machine (DESIGN.md, "Scale beyond one machine"). Each run's output is compared with a
+one-process run of the same config: the fields bitwise, global sums to round-off.
+Budget: about a minute on 2 CPU cores.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+HEAT = ["experiments/heat2d.toml", "--set", "grid.shape=[32,32]", "--steps", "40", "--quiet"]
+CAVITY = [
+    "experiments/cavity_re100.toml",
+    "--set",
+    "grid.shape=[32,32]",
+    "--set",
+    "output.every=10",
+    "--quiet",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cmd(*args):
+    return [sys.executable, "-m", "simpar", "run", *args]
+
+
+def _two_processes(*args, devices=4):
+    """``simpar run ARGS`` as processes 0 and 1 of one run; returns both CompletedProcess-es."""
+    port = _free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs = [
+        subprocess.Popen(
+            _cmd(
+                *args,
+                "--devices",
+                str(devices),
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
+    out = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+def _one_process(*args):
+    r = subprocess.run(_cmd(*args), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def _compare(path, ref_path, fields):
+    with h5py.File(path) as a, h5py.File(ref_path) as b:
+        assert a.attrs["process_count"] == 2 and b.attrs["process_count"] == 1
+        assert a.attrs["run_status"] == b"complete"
+        np.testing.assert_array_equal(a["step"][:], b["step"][:])
+        for f in fields:
+            np.testing.assert_array_equal(a[f][:], b[f][:], err_msg=f)
+        for k in a:
+            if k.endswith("_sum") or k in ("mass", "kinetic_energy"):
+                np.testing.assert_allclose(a[k][:], b[k][:], rtol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize(
+    "engine, mesh", [("shard_map", "2x4"), ("sharded", "4x2"), ("pmap", "8")], ids=str
+)
+def test_two_processes_write_what_one_process_writes(tmp_path, engine, mesh):
+    out = tmp_path / "two.nc"
+    p0, p1 = _two_processes(*HEAT, "--engine", engine, "--mesh", mesh, "--out", str(out))
+    assert p0.returncode == 0 and p1.returncode == 0, p0.stderr[-2000:] + p1.stderr[-2000:]
+    summary = json.loads(p0.stdout.strip().splitlines()[-1])
+    assert summary["engine"] == engine and summary["steps"] == 40
+    # process 1 computes, process 0 reports and writes (gloo prints its own connection lines)
+    assert not [line for line in p1.stdout.splitlines() if line.startswith("{")]
+    ref = tmp_path / "one.nc"
+    _one_process(*HEAT, "--out", str(ref))
+    _compare(out, ref, ["u"])
+
+
+def test_two_process_cavity_resumes_to_the_one_process_result(tmp_path):
+    """LBM (nine population fields and a uint8 wall flag) on a 2x4 mesh over two processes,
+    stopped at step 30 and resumed to 60, equals one uninterrupted one-process run."""
+    out = tmp_path / "cav.nc"
+    common = (*CAVITY, "--engine", "shard_map", "--mesh", "2x4", "--out", str(out))
+    for extra in (("--steps", "30"), ("--steps", "60", "--resume")):
+        p0, p1 = _two_processes(*common, *extra)
+        assert p0.returncode == 0 and p1.returncode == 0, p0.stderr[-2000:] + p1.stderr[-2000:]
+    assert json.loads(p0.stdout.strip().splitlines()[-1])["resumed_from"] == 30
+    ref = tmp_path / "ref.nc"
+    _one_process(*CAVITY, "--steps", "60", "--out", str(ref))
+    _compare(out, ref, ["rho", "ux", "uy"])
+
+
+def test_multi_process_input_errors_exit_2_and_write_nothing(tmp_path):
+    out = tmp_path / "x.nc"
+    # checked before JAX starts: a process id outside the run
+    r = subprocess.run(
+        _cmd(
+            *HEAT,
+            "--out",
+            str(out),
+            "--coordinator",
+            "127.0.0.1:1",
+            "--num-processes",
+            "2",
+            "--process-id",
+            "2",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "--process-id" in r.stderr and "[0, 1]" in r.stderr
+    r = subprocess.run(
+        _cmd(*HEAT, "--out", str(out), "--coordinator", "127.0.0.1:1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "--num-processes" in r.stderr
+    # checked by every process after they meet: 'single' cannot span two processes
+    p0, p1 = _two_processes(*HEAT, "--engine", "single", "--out", str(out))
+    for p in (p0, p1):
+        assert p.returncode == 2 and "runs in one process" in p.stderr
+        assert "Traceback" not in p.stderr
+    # particle models run in one process
+    p0, p1 = _two_processes(
+        "experiments/lj_melt.toml", "--engine", "sharded", "--steps", "2", "--out", str(out)
+    )
+    for p in (p0, p1):
+        assert p.returncode == 2 and "grid models" in p.stderr
+    assert not out.exists()
