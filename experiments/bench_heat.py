@@ -2,9 +2,10 @@
 
 What it shows: M cell-updates/s for each engine on 1 and 2 (virtual CPU) devices and halo widths
 1, 2 and 4 (w steps per exchange), a NumPy baseline (np.roll stencil), the machine's memory
-bandwidth (a 512 MiB array copy, NumPy and a jitted pass: bytes read + written per second; the
-larger is the roofline) and the roofline ratio: an update reads and writes one float32
-(8 bytes), so the bandwidth bound is BW / 8 updates/s.
+bandwidth (``simpar.benchmark.memory_bandwidth``: 512 MiB arrays copied by NumPy on one thread
+and on every core, a jitted in-place pass and a jitted pass into a second buffer; bytes read +
+written per second; the largest is the roofline) and the roofline ratio: an update reads and
+writes one float32 (8 bytes), so the bandwidth bound is BW / 8 updates/s.
 Compare ratios measured in one run; absolute figures drift on shared machines.
 
 Run (about 2-3 minutes on 2 cores):

@@ -153,6 +153,12 @@ def test_multi_process_input_errors_exit_2_and_write_nothing(tmp_path):
     for p in (p0, p1):
         assert p.returncode == 2 and "runs in one process" in p.stderr
         assert "Traceback" not in p.stderr
+    # every frame gathers the state on each host: refused above output.gather_limit_gib
+    p0, p1 = _two_processes(
+        *HEAT, "--engine", "sharded", "--set", "output.gather_limit_gib=1e-6", "--out", str(out)
+    )
+    for p in (p0, p1):
+        assert p.returncode == 2 and "output.gather_limit_gib" in p.stderr
     # particle models run in one process
     p0, p1 = _two_processes(
         "experiments/lj_melt.toml", "--engine", "sharded", "--steps", "2", "--out", str(out)
