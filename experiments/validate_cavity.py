@@ -96,7 +96,8 @@ def validate(re: int, args) -> dict:
         "mesh": args.mesh,
     }
     log = (lambda s: print(s, file=sys.stderr)) if args.verbose else None
-    res = run_steady(setup, args.engine, args.mesh, args.halo, data["time"]["steps"], log)
+    halo = args.halo if args.halo is not None else data.get("parallel", {}).get("halo")
+    res = run_steady(setup, args.engine, args.mesh, halo, data["time"]["steps"], log)
     out.update({k: v for k, v in res.items() if k not in ("ux", "uy")})
     out.update(ghia_deviation(res["ux"], res["uy"], u_lid, re))
     return out
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--engine", default="single")
     p.add_argument("--mesh", default=None, help="device grid, e.g. 2x4")
     p.add_argument("--devices", type=int, default=None, help="number of virtual CPU devices")
-    p.add_argument("--halo", type=int, default=None)
+    p.add_argument("--halo", type=int, default=None, help="default: the config's parallel.halo")
     p.add_argument("--set", action="append", default=[], help="config override key.sub=value")
     p.add_argument(
         "--from", dest="path", default=None, help="read the last frame of an output file"
