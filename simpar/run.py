@@ -87,11 +87,11 @@ def run_config(
         engine=engine, mesh=mesh, steps=steps, out=out, progress=progress, overwrite=overwrite
     )
     if name in PARTICLE_MODELS:
-        if distributed.process_count() > 1:
+        if distributed.process_count() > 1 and name != "lj":
             raise ConfigError(
                 "--num-processes",
-                f"multi-process runs support the grid models; {name!r} runs in one process "
-                "(use --devices and a mesh on one host)",
+                f"multi-process runs support the grid models and lj; {name!r} runs in one "
+                "process (use --devices and a mesh on one host)",
             )
         if resume:
             raise ConfigError(

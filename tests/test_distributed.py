@@ -159,10 +159,37 @@ def test_multi_process_input_errors_exit_2_and_write_nothing(tmp_path):
     )
     for p in (p0, p1):
         assert p.returncode == 2 and "output.gather_limit_gib" in p.stderr
-    # particle models run in one process
+    # N-body runs in one process; MD across processes only on 'sharded'
     p0, p1 = _two_processes(
-        "experiments/lj_melt.toml", "--engine", "sharded", "--steps", "2", "--out", str(out)
+        "experiments/nbody_plummer.toml", "--engine", "shard_map", "--steps", "2", "--out", str(out)
     )
     for p in (p0, p1):
-        assert p.returncode == 2 and "grid models" in p.stderr
-    assert not out.exists()
+        assert p.returncode == 2 and "grid models and lj" in p.stderr
+    md_out = tmp_path / "x.h5md"
+    p0, p1 = _two_processes(
+        "experiments/lj_melt.toml", "--engine", "single", "--steps", "2", "--out", str(md_out)
+    )
+    for p in (p0, p1):
+        assert p.returncode == 2 and "'sharded'" in p.stderr
+    assert not out.exists() and not md_out.exists()
+
+
+def test_two_process_lj_melt_equals_the_one_process_sharded_run(tmp_path):
+    """4,000 LJ atoms split over 8 devices of two processes: the H5MD trajectory equals the
+    one-process run on 8 devices (positions bitwise, observables to round-off) and
+    MDAnalysis opens it."""
+    import MDAnalysis
+
+    out, ref = tmp_path / "two.h5md", tmp_path / "one.h5md"
+    common = ("experiments/lj_melt.toml", "--engine", "sharded", "--mesh", "8", "--steps", "40")
+    p0, p1 = _two_processes(*common, "--quiet", "--out", str(out))
+    assert p0.returncode == 0 and p1.returncode == 0, p0.stderr[-2000:] + p1.stderr[-2000:]
+    _one_process(*common, "--quiet", "--devices", "8", "--out", str(ref))
+    traj = "particles/trajectory/position/value"
+    with h5py.File(out) as a, h5py.File(ref) as b:
+        np.testing.assert_array_equal(a[traj][:], b[traj][:])
+        for k in b["observables"]:
+            va, vb = a["observables"][k]["value"][:], b["observables"][k]["value"][:]
+            np.testing.assert_allclose(va, vb, rtol=1e-12, atol=1e-12, err_msg=k)
+    u = MDAnalysis.Universe(str(out))
+    assert len(u.atoms) == 4000 and len(u.trajectory) == 2

@@ -64,6 +64,7 @@ from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
 from simpar.io.meta import run_metadata
+from simpar.parallel import distributed
 from simpar.parallel.particles import shard_particles
 from simpar.particles import lattice, md, observables, potentials, space
 from simpar.progress import Progress
@@ -228,6 +229,21 @@ def _blown_up(sim: md.Simulation, th: dict, dt: float) -> str | None:
     return None
 
 
+class _NoWriter:
+    """The H5MD writer of processes other than 0 in a multi-process run: writes nothing."""
+
+    frames = 0
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def run_config(
     data: dict,
     config_text: str,
@@ -262,6 +278,13 @@ def run_config(
       SimulationError: NaN / unrepairable overflow, naming the step and what to change.
     """
     cfg = _read(data, engine, mesh, steps, out)
+    if distributed.process_count() > 1 and cfg["engine"] != "sharded":
+        raise ConfigError(
+            "--engine",
+            f"engine {cfg['engine']!r} runs in one process; across processes MD runs on 'sharded'",
+        )
+    main = distributed.is_main()
+    progress = progress and main
     if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
         # a top-level entry point: float64 runs need 64-bit JAX (float32 runs stay
         # float32 either way, every array has an explicit dtype)
@@ -318,23 +341,29 @@ def run_config(
                  velocity_seed=np.int64(-1 if seed is None else seed),
                  noise_seed=np.int64(cfg["noise_seed"]))  # fmt: skip
     path = cfg["path"]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    distributed.barrier("simpar: input validated")  # every process checked before 0 writes
+    if main:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
     boundary = [cfg["boundary"]] * 3
+    host = distributed.to_host  # a collective in multi-process runs: every process calls it
 
     def frame(writer, th):
         s = sim.state
-        writer.append(
-            int(s.step), float(s.step) * cfg["dt"], np.asarray(s.position)[:n],
-            box=np.asarray(box),
-            velocity=np.asarray(s.velocity)[:n] if cfg["write_velocity"] else None,
-            force=np.asarray(s.force)[:n] if cfg["write_force"] else None,
-            observables=th, rng_key=np.asarray(s.key),
-        )  # fmt: skip
+        position = host(s.position)[:n]
+        velocity = host(s.velocity)[:n] if cfg["write_velocity"] else None
+        force = host(s.force)[:n] if cfg["write_force"] else None
+        key = host(s.key)
+        if main:
+            writer.append(
+                int(s.step), float(s.step) * cfg["dt"], position, box=np.asarray(box),
+                velocity=velocity, force=force, observables=th, rng_key=key,
+            )  # fmt: skip
 
     t0 = time.perf_counter()
     done = 0
     th = th0
-    with h5md.H5MDWriter(
+    writer_cls = h5md.H5MDWriter if main else _NoWriter
+    with writer_cls(
         path, n, boundary=boundary, dtype=cfg["dtype"], velocity=cfg["write_velocity"],
         force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
         mass=np.full(n, cfg["mass"]), attrs=attrs,
