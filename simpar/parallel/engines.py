@@ -163,6 +163,20 @@ class Engine:
     def _compile_advance(self, n: int):
         raise NotImplementedError
 
+    def _whole_domain_advance(self, n: int):
+        """``advance_block`` on a block that is the whole domain (``single``, ``sharded``)."""
+        comm = LocalComm(self.model.ndim)
+        return functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
+
+    def _whole_domain_observe(self):
+        """``observe_block`` on a block that is the whole domain (the global view)."""
+        return functools.partial(
+            observe_block,
+            model=self.model,
+            comm=LocalComm(self.model.ndim),
+            global_shape=self.domain_shape,
+        )
+
     def _compile_observe(self):
         raise NotImplementedError
 
@@ -180,17 +194,10 @@ class SingleEngine(Engine):
         return {f: jax.device_put(np.asarray(u), self.devices[0]) for f, u in state.items()}
 
     def _compile_advance(self, n):
-        comm = LocalComm(self.model.ndim)
-        f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
-        return jax.jit(f, donate_argnums=0)
+        return jax.jit(self._whole_domain_advance(n), donate_argnums=0)
 
     def _compile_observe(self):
-        comm = LocalComm(self.model.ndim)
-        return jax.jit(
-            functools.partial(
-                observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
-            )
-        )
+        return jax.jit(self._whole_domain_observe())
 
 
 def _mesh(grid: DeviceGrid, devices) -> Mesh:
@@ -229,8 +236,7 @@ class ShardedEngine(Engine):
         return out
 
     def _compile_advance(self, n):
-        comm = LocalComm(self.model.ndim)
-        f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
+        f = self._whole_domain_advance(n)
 
         def step(state, params):
             out = f(state, params)
@@ -242,12 +248,7 @@ class ShardedEngine(Engine):
         return jax.jit(step, donate_argnums=0)
 
     def _compile_observe(self):
-        comm = LocalComm(self.model.ndim)
-        return jax.jit(
-            functools.partial(
-                observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
-            )
-        )
+        return jax.jit(self._whole_domain_observe())
 
 
 class ShardMapEngine(ShardedEngine):
@@ -278,16 +279,7 @@ class ShardMapEngine(ShardedEngine):
         last = self.grid.axis_names[-1]
 
         def run(state, params):
-            shapes = jax.eval_shape(
-                functools.partial(
-                    observe_block,
-                    model=self.model,
-                    comm=LocalComm(self.model.ndim),
-                    global_shape=self.domain_shape,
-                ),
-                state,
-                params,
-            )
+            shapes = jax.eval_shape(self._whole_domain_observe(), state, params)
             out_specs = {k: (P(last) if v.ndim == 1 else P()) for k, v in shapes.items()}
             return jax.shard_map(
                 obs, mesh=self.mesh, in_specs=(self._specs(state), P()), out_specs=out_specs
