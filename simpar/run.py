@@ -246,7 +246,7 @@ def run_grid(
     )
     coords = {n: c for n, c in zip(reversed(names), reversed(domain.coords()), strict=True)}
     if not main:
-        writer = _NoWriter()
+        writer = distributed.NoWriter()
     elif resume:
         writer = GridWriter.open_existing(path, step=start, xdmf_min_interval=2.0)
     else:
@@ -316,19 +316,6 @@ def run_grid(
         "Mcell_updates_per_s": cells * (n_steps - start) / wall / 1e6 if wall > 0 else float("nan"),
         "final": {k: (v.tolist() if np.ndim(v) == 0 else None) for k, v in obs.items()},
     }
-
-
-class _NoWriter:
-    """The output writer of processes other than 0 in a multi-process run: writes nothing."""
-
-    def append(self, *args, **kwargs):
-        pass
-
-    def set_status(self, status):
-        pass
-
-    def close(self):
-        pass
 
 
 def run_file(path: str, overrides=(), **kwargs) -> dict:

@@ -29,6 +29,34 @@ import numpy as np
 from simpar.errors import ConfigError
 
 
+class NoWriter:
+    """The output writer of the processes other than 0 (grid or H5MD): writes nothing.
+
+    Accepts any constructor arguments and has the calls the drivers make (``append``,
+    ``set_status``, ``close``, ``frames``, use as a context manager).
+    """
+
+    frames = 0
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def append(self, *args, **kwargs):
+        pass
+
+    def set_status(self, status):
+        pass
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def initialize(
     coordinator: str | None = None,
     num_processes: int | None = None,

@@ -229,21 +229,6 @@ def _blown_up(sim: md.Simulation, th: dict, dt: float) -> str | None:
     return None
 
 
-class _NoWriter:
-    """The H5MD writer of processes other than 0 in a multi-process run: writes nothing."""
-
-    frames = 0
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def run_config(
     data: dict,
     config_text: str,
@@ -352,17 +337,15 @@ def run_config(
         position = host(s.position)[:n]
         velocity = host(s.velocity)[:n] if cfg["write_velocity"] else None
         force = host(s.force)[:n] if cfg["write_force"] else None
-        key = host(s.key)
-        if main:
-            writer.append(
-                int(s.step), float(s.step) * cfg["dt"], position, box=np.asarray(box),
-                velocity=velocity, force=force, observables=th, rng_key=key,
-            )  # fmt: skip
+        writer.append(  # distributed.NoWriter on processes other than 0
+            int(s.step), float(s.step) * cfg["dt"], position, box=np.asarray(box),
+            velocity=velocity, force=force, observables=th, rng_key=host(s.key),
+        )  # fmt: skip
 
     t0 = time.perf_counter()
     done = 0
     th = th0
-    writer_cls = h5md.H5MDWriter if main else _NoWriter
+    writer_cls = h5md.H5MDWriter if main else distributed.NoWriter
     with writer_cls(
         path, n, boundary=boundary, dtype=cfg["dtype"], velocity=cfg["write_velocity"],
         force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
