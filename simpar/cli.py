@@ -129,7 +129,14 @@ def _cmd_run(args) -> int:
     if devices is None and mesh is not None and not multi:
         devices = math.prod(mesh)
     n_proc = args.num_processes if args.num_processes is not None else 1
-    if mesh is not None and devices is not None and math.prod(mesh) > devices * n_proc:
+    # under --distributed the process count is known only after JAX joins the cluster; then
+    # make_engine checks the mesh against jax.devices()
+    if (
+        mesh is not None
+        and devices is not None
+        and not args.distributed
+        and math.prod(mesh) > devices * n_proc
+    ):
         raise ConfigError(
             "--mesh",
             f"mesh {args.mesh} needs {math.prod(mesh)} devices but --devices is {devices}"

@@ -266,7 +266,7 @@ def run_grid(
         values = {f: np.transpose(fn(host_state)) for f, fn in out_fields.items()}
         values.update({k: v for k, v in obs.items() if k != "nonfinite"})
         writer.append(step * setup.dt, step, values)
-        if save_checkpoints and main:
+        if save_checkpoints:
             checkpoint.save(
                 checkpoint.checkpoint_path(path), host_state, step, config_text, model.name
             )
