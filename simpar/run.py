@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -27,7 +26,7 @@ from simpar import signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.grid.model import GridSetup
-from simpar.io.files import write_error
+from simpar.io.files import check_output_path, write_error
 from simpar.memory import peak_memory_mib
 from simpar.parallel import distributed
 from simpar.parallel.engines import ENGINES, make_engine
@@ -115,6 +114,40 @@ def _parallel_settings(cfg: Section, engine, mesh):
     return engine, mesh, halo
 
 
+# state arrays per cell of each grid model (LBM: populations + the uint8 wall flag)
+_STATE_FIELDS = {"heat": 1, "wave": 2, "advection": (3, 4), "gray_scott": 2, "lbm": (9.25, 19.25)}
+
+
+def _check_grid_memory(cfg: Section, data: dict) -> None:
+    """Refuse a grid run that cannot fit in memory, before anything is allocated.
+
+    The estimate counts the state on the devices twice (input and output of a chunk), plus
+    halos, the host copy gathered for each output frame and the frame's transposed copy:
+    about ``4.2 x`` the state (on CPU every device shares the host's memory).
+    """
+    try:
+        g = data["grid"]
+        shape = [int(n) for n in g["shape"]]
+        itemsize = 8 if g.get("dtype", "float32") == "float64" else 4
+        fields = _STATE_FIELDS[data["model"]["name"]]
+    except (KeyError, TypeError, ValueError):
+        return  # malformed: the model's validation names the key
+    if not 2 <= len(shape) <= 3 or min(shape) < 1:
+        return
+    if isinstance(fields, tuple):
+        fields = fields[len(shape) - 2]
+    state = math.prod(shape) * itemsize * fields
+    from simpar.memory import check_fits
+
+    check_fits(
+        int(4.2 * state) + (256 << 20),
+        cfg.section("grid").key("shape"),
+        f"{fields:g} fields of {' x '.join(map(str, shape))} x {itemsize} bytes: state "
+        f"{state / 2**30:.3g} GiB, twice on the devices, plus halos and output frames",
+        "reduce grid.shape or run across more processes (--num-processes)",
+    )
+
+
 def _without_steps(text: str) -> dict:
     import tomllib
 
@@ -140,6 +173,7 @@ def run_grid(
     from simpar.io.netcdf import GridWriter
 
     cfg = Section(data)
+    _check_grid_memory(cfg, data)  # before the set-up allocates the initial state
     setup = grid_setup(cfg)
     model, domain = setup.model, setup.domain
     t = cfg.section("time")
@@ -150,7 +184,9 @@ def run_grid(
     o = cfg.section("output")
     every = o.get("every", max(n_steps // 10, 1), kind=int, min=1)
     cfg_path = o.get("path", f"data/runs/{model.name}.nc", kind=str)
-    path = Path(out or cfg_path)
+    path = check_output_path(
+        out if out is not None else cfg_path, "--out" if out is not None else "output.path"
+    )
     save_checkpoints = o.get("checkpoint", True, kind=bool)
     gather_limit = o.get("gather_limit_gib", 16.0, min=0.0, exclusive_min=True)
     engine, mesh, halo = _parallel_settings(cfg, engine, mesh)
