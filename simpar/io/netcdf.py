@@ -222,6 +222,7 @@ class GridWriter:
         after every frame). The sidecar is always rewritten on close; a larger value
         saves I/O on runs with many frames, at the cost of a sidecar that may lag the
         HDF5 file after a crash.
+      key: the option or config key named in errors about ``path``.
 
     Raises:
       ConfigError: ``path`` exists and ``overwrite`` is false (key ``--out``).
@@ -242,6 +243,7 @@ class GridWriter:
         overwrite: bool = False,
         title: str | None = None,
         xdmf_min_interval: float = 0.0,
+        key: str = "--out",
     ):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
@@ -333,7 +335,7 @@ class GridWriter:
                     v.dims[i].attach_scale(scales[d])
 
         # exclusive creation; --overwrite builds beside the old file and renames
-        f = create_hdf5(self.path, build, overwrite=overwrite, track_order=True)
+        f = create_hdf5(self.path, build, overwrite=overwrite, key=key, track_order=True)
         self._setup(f, xdmf=xdmf, xdmf_min_interval=xdmf_min_interval)
         if overwrite:
             self._write_xdmf()  # the old sidecar lists frames of the old file
