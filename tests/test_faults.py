@@ -222,8 +222,8 @@ def test_refused_run_on_a_full_disk_leaves_no_output(tmp_path, capsys):
 
 
 def _enospc_after(after):
-    """A ``h5py.Dataset.flush`` failing with ENOSPC from the ``after``-th call on."""
-    real, calls = h5py.Dataset.flush, [0]
+    """A ``h5py.File.flush`` failing with ENOSPC from the ``after``-th call on."""
+    real, calls = h5py.File.flush, [0]
 
     def flush(ds):
         calls[0] += 1
@@ -243,8 +243,8 @@ def test_injected_write_error_exit_1_names_path_and_keeps_frames(
     tmp_path, capsys, monkeypatch, config, small, ext
 ):
     out = tmp_path / f"run.{ext}"
-    # one flush per variable and frame (fields, diagnostics, observables): fails mid-run
-    monkeypatch.setattr(h5py.Dataset, "flush", _enospc_after(30))
+    # one flush per frame (and one per status change): fails mid-run
+    monkeypatch.setattr(h5py.File, "flush", _enospc_after(5))
     code, _, err = _main(capsys, "run", config, "--out", str(out), "--steps", "40", *small)
     monkeypatch.undo()
     assert code == 1 and str(out) in err and "No space left on device" in err

@@ -236,8 +236,9 @@ class H5MDWriter:
         ensure_space(self.path, sum(v.nbytes for v in values.values()))
         for name, ds in self.elements.items():
             ds.resize(k + 1, axis=0)
-            ds[k] = values[name]
-            ds.flush()  # surfaces write errors here (not in a destructor, where h5py drops them)
+            ds[k] = values[name]  # the dataset objects stay open: the file flush below
+            # writes their chunks and raises on a write error (not a destructor, where h5py
+            # only prints HDF5 errors)
         self.step.resize(k + 1, axis=0)
         self.time.resize(k + 1, axis=0)
         self.step[k] = int(step)

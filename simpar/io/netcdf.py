@@ -350,12 +350,14 @@ class GridWriter:
         self._xdmf_dirty = False
         self._status_set = False
         self._vars: dict[str, tuple[str, ...]] = {}
+        self._ds: dict[str, h5py.Dataset] = {}  # kept open: see append
         for name, ds in f.items():
             if name in _RESERVED or not isinstance(ds, h5py.Dataset):
                 continue
             dims = variable_dims(ds)
             if dims and dims[0] == _TIME:
                 self._vars[name] = dims
+                self._ds[name] = ds
         # Spatial axes: the dimension scales other than time, in creation order
         # (track_order=True), which is C order.
         axes = [
@@ -484,14 +486,16 @@ class GridWriter:
         k = self.n_frames
         # refuse a frame that cannot fit before touching the file: earlier frames stay intact
         ensure_space(self.path, sum(a.nbytes for a in arrays.values()))
-        # Data first, step, then time LAST: time is the commit marker. Each dataset is
-        # flushed while it is open: a chunk written when h5py drops the dataset object
-        # would fail silently (HDF5 errors in __dealloc__ are only printed).
+        # Data first, step, then time LAST: time is the commit marker. The dataset objects
+        # stay open (self._ds): their chunks are then written by the file flush below, which
+        # raises on a write error; a chunk written when h5py drops a dataset object fails
+        # silently (HDF5 errors in __dealloc__ are only printed). Flushing each dataset on
+        # its own (H5Dflush) is not an option: killed runs then left unreadable files
+        # ("addr overflow") in 10 of 20 kills.
         for name, a in arrays.items():
-            ds = self._f[name]
+            ds = self._ds[name]
             ds.resize(k + 1, axis=0)
             ds[k] = a
-            ds.flush()
         s = self._f[_STEP]
         s.resize(k + 1, axis=0)
         s[k] = int(step)
@@ -539,6 +543,7 @@ class GridWriter:
                 self._write_xdmf()
             self._f.flush()
         finally:
+            self._ds = {}
             self._f.close()
             self._f = None
 
