@@ -1,4 +1,4 @@
-"""Grid output: netCDF4-compatible HDF5 written with plain h5py, plus an XDMF sidecar.
+"""Grid output: netCDF4 files (layout by ``h5netcdf``, frames by h5py), plus an XDMF sidecar.
 
 Contract (DESIGN.md, "CONTRACT: files"): ``xarray.open_dataset(path,
 engine="h5netcdf")`` opens the file directly, with named dimensions ``time`` and the
@@ -56,6 +56,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import h5netcdf
 import h5py
 import numpy as np
 
@@ -269,70 +270,47 @@ class GridWriter:
         specs = _check_variables(variables, list(coords))
 
         def build(f: h5py.File) -> None:
-            f.attrs["Conventions"] = _text_attr("CF-1.8")
-            f.attrs["title"] = _text_attr(title if title is not None else self.path.name)
-            f.attrs["run_status"] = _text_attr("running")
-            _set_attrs(f, dict(attrs or {}))
+            # h5netcdf writes the netCDF4 layout (dimension scales, netCDF dimension ids,
+            # _FillValue); attribute values are NC_CHAR text (np.bytes_) as ParaView needs
+            nc = h5netcdf.File(f, "r+")
+            nc.dimensions = {_TIME: None, **{name: c.size for name, c in coords.items()}}
+            nc.attrs["Conventions"] = _text_attr("CF-1.8")
+            nc.attrs["title"] = _text_attr(title if title is not None else self.path.name)
+            nc.attrs["run_status"] = _text_attr("running")
+            _set_attrs(nc, dict(attrs or {}))
 
-            t = f.create_dataset(
-                _TIME,
-                (0,),
-                maxshape=(None,),
-                chunks=(1024,),
-                dtype="f8",
-                fillvalue=np.nan,
-            )
+            t = nc.create_variable(_TIME, (_TIME,), "f8", chunks=(1024,), fillvalue=np.nan)
             t.attrs["units"] = _text_attr(time_units)
             t.attrs["long_name"] = _text_attr("simulation time")
             t.attrs["axis"] = _text_attr("T")  # VTK needs it to find the time axis
-            t.attrs["_FillValue"] = np.float64(np.nan)
-            t.make_scale(_TIME)
-            scales = {_TIME: t}
             for name, c in coords.items():
-                d = f.create_dataset(name, data=c)
+                d = nc.create_variable(name, (name,), "f8", data=c)
                 # No "axis" attribute: ParaView would take x/y as lon/lat.
                 d.attrs["units"] = _text_attr(length_units)
                 d.attrs["long_name"] = _text_attr(f"{name} coordinate of cell centres")
-                d.make_scale(name)
-                scales[name] = d
-
-            s = f.create_dataset(_STEP, (0,), maxshape=(None,), chunks=(1024,), dtype="i8")
+            s = nc.create_variable(_STEP, (_TIME,), "i8", chunks=(1024,))
             s.attrs["long_name"] = _text_attr("time-step index")
             s.attrs["units"] = _text_attr("1")
-            s.dims[0].attach_scale(t)
 
             for name, spec in specs.items():
                 dims = spec["dims"]
                 dtype = np.dtype(spec["dtype"])
                 spatial = tuple(coords[d].size for d in dims[1:])
-                kwargs: dict[str, Any] = {}
+                kwargs: dict[str, Any] = {"chunks": (1024,)}
                 if spatial:
                     kwargs["chunks"] = _chunks(spatial, dtype.itemsize)
                     if compression:
                         kwargs.update(
-                            compression="gzip",
-                            compression_opts=_GZIP_LEVEL,
-                            shuffle=True,
+                            compression="gzip", compression_opts=_GZIP_LEVEL, shuffle=True
                         )
-                else:
-                    kwargs["chunks"] = (1024,)
                 if dtype.kind == "f":
                     kwargs["fillvalue"] = dtype.type(np.nan)
-                v = f.create_dataset(
-                    name,
-                    (0, *spatial),
-                    maxshape=(None, *spatial),
-                    dtype=dtype,
-                    **kwargs,
-                )
-                if dtype.kind == "f":
-                    v.attrs["_FillValue"] = dtype.type(np.nan)
+                v = nc.create_variable(name, dims, dtype, **kwargs)
                 v.attrs["units"] = _text_attr(str(spec.get("units", "1")))
                 if spec.get("long_name"):
                     v.attrs["long_name"] = _text_attr(str(spec["long_name"]))
                 _set_attrs(v, dict(spec.get("attrs", {})))
-                for i, d in enumerate(dims):
-                    v.dims[i].attach_scale(scales[d])
+            nc.close()  # detaches the wrapper; the h5py file stays open
 
         # exclusive creation; --overwrite builds beside the old file and renames
         f = create_hdf5(self.path, build, overwrite=overwrite, key=key, track_order=True)
