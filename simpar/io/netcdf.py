@@ -17,13 +17,19 @@ there against xarray, netCDF4, ncdump and VTK's readers)::
             gzip(4)+shuffle for variables with spatial dims
     global attributes: Conventions="CF-1.8", run_status, the run metadata.
 
-- The file is created with ``track_order=True`` (netCDF-C can then append) and the
-  default libver: ``libver="latest"`` would make the file unreadable by HDF5 1.10,
-  ncdump 4.9 and ParaView.
+- The file is created exclusively (or, with ``overwrite``, built beside the old one and
+  renamed over it: ``simpar.io.files.create_hdf5``) with ``track_order=True`` (netCDF-C
+  can then append) and the default libver: ``libver="latest"`` would make the file
+  unreadable by HDF5 1.10, ncdump 4.9 and ParaView. ``h5netcdf`` writes the layout
+  (dimensions, dimension scales with netCDF dimension ids, ``_FillValue``) on that h5py
+  file; frames are appended with h5py (the commit order below is ours).
 - Every string attribute is fixed-length (NC_CHAR): vlen strings break ParaView's CF
   reader. ASCII text is stored as ``np.bytes_`` (the verified recipe); text with
   non-ASCII characters as a fixed-length string with the UTF-8 character set, so that
   h5netcdf decodes it correctly.
+- Write errors: a frame that would not fit on the file system is refused before the file
+  is touched (``OSError`` ENOSPC); the dataset objects stay open so that the per-frame
+  flush, not a destructor, writes their chunks and raises on a failed write.
 - Crash safety: one handle stays open for the whole run; each frame writes the data,
   then ``step``, then ``time`` LAST, then flushes. A run killed at any moment leaves a
   file that every reader opens with all flushed frames. A frame that was cut short has
