@@ -23,6 +23,7 @@ Guarantees (issue 10):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -310,3 +311,25 @@ def final_status(writer, status: str | None) -> None:
             writer.close()
     except Exception:
         pass
+
+
+@contextlib.contextmanager
+def status_on_exit(writer):
+    """Close ``writer`` when the block ends; an exception first sets ``run_status`` to
+    ``"failed: <reason>"`` (``err.reason`` of a ``SimulationError`` or a signal)."""
+    try:
+        yield
+    except BaseException as err:
+        reason = getattr(err, "reason", None) or f"{type(err).__name__}: {err}"
+        final_status(writer, f"failed: {reason}")
+        raise
+    finally:
+        final_status(writer, None)
+
+
+def set_status_or_fail(writer, status: str, path, step: int, last_good: str) -> None:
+    """``writer.set_status(status)``; a failed write becomes :func:`write_error`."""
+    try:
+        writer.set_status(status)
+    except (OSError, RuntimeError) as err:
+        raise write_error(err, path, step, last_good) from None

@@ -42,7 +42,12 @@ import numpy as np
 from simpar import signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
-from simpar.io.files import check_output_path, final_status, write_error
+from simpar.io.files import (
+    check_output_path,
+    set_status_or_fail,
+    status_on_exit,
+    write_error,
+)
 from simpar.io.h5md import H5MDWriter
 from simpar.io.meta import run_metadata
 from simpar.memory import check_fits, peak_memory_mib
@@ -274,7 +279,7 @@ def run_config(
             raise write_error(err, path, step, last_good) from None
         last_good = f"{path} (frames up to step {step})"
 
-    try:
+    with status_on_exit(writer):
         with signals.deferred() as stop:
             dstate = eng.init(pos, vel, mass, params)
             obs = _observable_values(eng.observables(dstate, params))
@@ -297,16 +302,7 @@ def run_config(
                     if step % every == 0 or step == n_steps:
                         write(step, eng.fetch(dstate), obs)
                     bar.update(chunk, dE=f"{max_de:.1e}")
-            try:
-                writer.set_status("completed")
-            except (OSError, RuntimeError) as err:
-                raise write_error(err, path, step, last_good) from None
-    except BaseException as err:
-        reason = getattr(err, "reason", None) or f"{type(err).__name__}: {err}"
-        final_status(writer, f"failed: {reason}")
-        raise
-    finally:
-        final_status(writer, None)
+            set_status_or_fail(writer, "completed", path, step, last_good)
     wall = _time.monotonic() - t0
     return {
         "path": str(path),

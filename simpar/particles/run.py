@@ -64,7 +64,12 @@ from simpar import signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
-from simpar.io.files import check_output_path, final_status, write_error
+from simpar.io.files import (
+    check_output_path,
+    set_status_or_fail,
+    status_on_exit,
+    write_error,
+)
 from simpar.io.meta import run_metadata
 from simpar.memory import check_fits, peak_memory_mib
 from simpar.parallel import distributed
@@ -440,7 +445,7 @@ def run_config(
         force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
         mass=np.full(n, cfg["mass"]), attrs=attrs, overwrite=overwrite, key=cfg["path_key"],
     )  # fmt: skip
-    try:
+    with status_on_exit(writer):
         with (
             signals.deferred() as stop,
             Progress(cfg["steps"], enabled=progress, desc=cfg["name"]) as bar,
@@ -470,16 +475,7 @@ def run_config(
                     )  # fmt: skip
                 frame(writer, th)
                 bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
-            try:
-                writer.set_status("complete")
-            except (OSError, RuntimeError) as err:
-                raise write_error(err, path, step0 + done, last_good[0]) from None
-    except BaseException as err:
-        reason = getattr(err, "reason", None) or f"{type(err).__name__}: {err}"
-        final_status(writer, f"failed: {reason}")
-        raise
-    finally:
-        final_status(writer, None)
+            set_status_or_fail(writer, "complete", path, step0 + done, last_good[0])
     wall = time.perf_counter() - t0
     if progress:
         print(observables.format_thermo(step0 + done, th), flush=True)
