@@ -67,7 +67,7 @@ import h5py
 import numpy as np
 
 from simpar.errors import ConfigError
-from simpar.io.files import create_hdf5, ensure_space, write_text_atomic
+from simpar.io.files import create_hdf5, ensure_space, remove_stale_temps, write_text_atomic
 
 __all__ = ["GridWriter", "open_frames", "read_attrs", "variable_dims"]
 
@@ -329,6 +329,8 @@ class GridWriter:
         """Cache the layout of the open file ``f`` (for __init__ and open_existing)."""
         self._f = f
         self.xdmf_path: Path | None = Path(str(self.path) + ".xdmf") if xdmf else None
+        if self.xdmf_path is not None:
+            remove_stale_temps(self.xdmf_path)  # a sidecar rewrite cut short by a kill
         self._xdmf_min_interval = float(xdmf_min_interval)
         self._xdmf_last = -math.inf
         self._xdmf_dirty = False
