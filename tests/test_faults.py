@@ -290,6 +290,14 @@ def test_sigterm_stops_at_a_safe_point_with_status_and_usable_checkpoint(
     state, step, _, _ = checkpoint.load(checkpoint.checkpoint_path(out))
     assert step == steps[-1] and np.all(np.isfinite(state["u"]))
     assert _debris(tmp_path) == []
+    # the checkpoint continues to the same state as a run that was never stopped
+    target = str(int(step) + 2000)
+    args = ["--steps", target, *SMALL_HEAT, "--set", "output.every=2000", "--quiet"]
+    assert main(["run", HEAT, "--out", str(out), "--resume", *args]) == 0
+    ref = tmp_path / "ref.nc"
+    assert main(["run", HEAT, "--out", str(ref), *args]) == 0
+    np.testing.assert_array_equal(open_frames(out)[2]["u"][-1], open_frames(ref)[2]["u"][-1])
+    assert read_attrs(out)["run_status"] == "complete"
 
 
 @pytest.mark.parametrize("delay", [0.3, 1.5, 3.0])
