@@ -27,6 +27,7 @@ import contextlib
 import errno
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -333,3 +334,23 @@ def set_status_or_fail(writer, status: str, path, step: int, last_good: str) -> 
         writer.set_status(status)
     except (OSError, RuntimeError) as err:
         raise write_error(err, path, step, last_good) from None
+
+
+@contextlib.contextmanager
+def raise_dealloc_errors():
+    """Raise HDF5 errors that h5py meets while freeing objects inside the block.
+
+    A chunk of a dataset is written when h5py closes the dataset object; an error there
+    (``No space left on device``) is only passed to ``sys.unraisablehook`` and printed.
+    Within the block those errors are collected, and the first is raised when it ends.
+    """
+    errors = []
+    previous = sys.unraisablehook, sys.excepthook
+    sys.unraisablehook = lambda hook_args: errors.append(hook_args.exc_value)
+    sys.excepthook = lambda *exc_info: None  # Cython prints the traceback through it first
+    try:
+        yield
+    finally:
+        sys.unraisablehook, sys.excepthook = previous
+    if errors:
+        raise errors[0]

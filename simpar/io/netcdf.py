@@ -28,8 +28,8 @@ there against xarray, netCDF4, ncdump and VTK's readers)::
   non-ASCII characters as a fixed-length string with the UTF-8 character set, so that
   h5netcdf decodes it correctly.
 - Write errors: a frame that would not fit on the file system is refused before the file
-  is touched (``OSError`` ENOSPC); the dataset objects stay open so that the per-frame
-  flush, not a destructor, writes their chunks and raises on a failed write.
+  is touched (``OSError`` ENOSPC); a failed chunk write (when h5py drops a dataset object)
+  or flush raises.
 - Crash safety: one handle stays open for the whole run; each frame writes the data,
   then ``step``, then ``time`` LAST, then flushes. A run killed at any moment leaves a
   file that every reader opens with all flushed frames. A frame that was cut short has
@@ -67,7 +67,13 @@ import h5py
 import numpy as np
 
 from simpar.errors import ConfigError
-from simpar.io.files import create_hdf5, ensure_space, remove_stale_temps, write_text_atomic
+from simpar.io.files import (
+    create_hdf5,
+    ensure_space,
+    raise_dealloc_errors,
+    remove_stale_temps,
+    write_text_atomic,
+)
 
 __all__ = ["GridWriter", "open_frames", "read_attrs", "variable_dims"]
 
@@ -336,14 +342,12 @@ class GridWriter:
         self._xdmf_dirty = False
         self._status_set = False
         self._vars: dict[str, tuple[str, ...]] = {}
-        self._ds: dict[str, h5py.Dataset] = {}  # kept open: see append
         for name, ds in f.items():
             if name in _RESERVED or not isinstance(ds, h5py.Dataset):
                 continue
             dims = variable_dims(ds)
             if dims and dims[0] == _TIME:
                 self._vars[name] = dims
-                self._ds[name] = ds
         # Spatial axes: the dimension scales other than time, in creation order
         # (track_order=True), which is C order.
         axes = [
@@ -472,16 +476,17 @@ class GridWriter:
         k = self.n_frames
         # refuse a frame that cannot fit before touching the file: earlier frames stay intact
         ensure_space(self.path, sum(a.nbytes for a in arrays.values()))
-        # Data first, step, then time LAST: time is the commit marker. The dataset objects
-        # stay open (self._ds): their chunks are then written by the file flush below, which
-        # raises on a write error; a chunk written when h5py drops a dataset object fails
-        # silently (HDF5 errors in __dealloc__ are only printed). Flushing each dataset on
-        # its own (H5Dflush) is not an option: killed runs then left unreadable files
-        # ("addr overflow") in 10 of 20 kills.
-        for name, a in arrays.items():
-            ds = self._ds[name]
-            ds.resize(k + 1, axis=0)
-            ds[k] = a
+        # Data first, step, then time LAST: time is the commit marker. Each dataset object
+        # is dropped after its write, which writes its chunk (H5Dclose); HDF5 errors there
+        # reach only sys.unraisablehook, so they are collected and raised. (Flushing each
+        # dataset with H5Dflush instead left unreadable files in 10 of 20 kills; keeping the
+        # objects open for the file flush, 3 in 260.)
+        with raise_dealloc_errors():
+            for name, a in arrays.items():
+                ds = self._f[name]
+                ds.resize(k + 1, axis=0)
+                ds[k] = a
+                del ds
         s = self._f[_STEP]
         s.resize(k + 1, axis=0)
         s[k] = int(step)
@@ -529,7 +534,6 @@ class GridWriter:
                 self._write_xdmf()
             self._f.flush()
         finally:
-            self._ds = {}
             self._f.close()
             self._f = None
 
