@@ -119,6 +119,7 @@ def _cmd_info(args) -> int:
 
 def _cmd_run(args) -> int:
     from simpar import config as cfgmod
+    from simpar import signals
     from simpar.errors import ConfigError
     from simpar.parallel.topology import parse_mesh
 
@@ -152,12 +153,15 @@ def _cmd_run(args) -> int:
             + (f" per process x {n_proc} processes" if n_proc > 1 else ""),
         )
     data, text = cfgmod.load(args.config, args.set)
+    signals.check()  # a Ctrl-C / SIGTERM during start-up stops here, before JAX starts
     _configure_jax(devices)
     if multi:
         from simpar.parallel import distributed
 
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     import jax
+
+    signals.check()
 
     # float64 configs need x64; float32 runs stay float32 (every array has an explicit dtype)
     jax.config.update("jax_enable_x64", True)
@@ -210,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (see the module docstring)."""
     from simpar import signals
 
-    signals.install()  # SIGTERM like SIGINT: an Interrupted exception, exit 128 + signal
+    signals.install()  # SIGINT/SIGTERM wait for the next safe point (simpar.signals)
     try:
         args = _parser().parse_args(argv)
         from simpar.errors import ConfigError, SimulationError
@@ -230,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("simpar: interrupted", file=sys.stderr)
         return 130
+    finally:
+        signals.uninstall()
 
 
 def run_main() -> None:

@@ -231,6 +231,7 @@ def run_grid(
     # (in a multi-process run every process has validated before process 0 creates a file,
     # and only process 0 writes)
     main = distributed.is_main()
+    signals.check()  # stopped during set-up: no output is created
     distributed.barrier("simpar: input validated")
     d = domain.ndim
     names = AXIS_NAMES[:d]
@@ -281,6 +282,7 @@ def run_grid(
         }
     )
     coords = {n: c for n, c in zip(reversed(names), reversed(domain.coords()), strict=True)}
+    signals.check()  # the first compilation (observe) is over: still no output
     if not main:
         writer = distributed.NoWriter()
     elif resume:

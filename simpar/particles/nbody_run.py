@@ -266,6 +266,7 @@ def run_config(
         "dt": np.float64(dt),
         "run_status": "running",
     }
+    signals.check()  # stopped during set-up or compilation: no output is created
     writer = _open_output(path, n, dtype, mass, attrs, overwrite=overwrite, key=path_key)
     no_box = np.zeros(3)
     t0 = _time.monotonic()

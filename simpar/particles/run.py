@@ -439,6 +439,7 @@ def run_config(
     t0 = time.perf_counter()
     done = 0
     th = th0
+    signals.check()  # stopped during set-up or compilation: no output is created
     writer_cls = h5md.H5MDWriter if main else distributed.NoWriter
     writer = writer_cls(
         path, n, boundary=boundary, dtype=cfg["dtype"], velocity=cfg["write_velocity"],
