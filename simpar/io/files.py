@@ -83,6 +83,8 @@ def check_output_path(path: str | os.PathLike, key: str = "--out") -> Path:
         return p
     if st.f_flag & os.ST_RDONLY:
         raise ConfigError(key, f"{text!r}: {str(parent)!r} is on a read-only file system")
+    if st.f_blocks == 0:  # /proc, /sys: no storage, creating files there fails
+        raise ConfigError(key, f"{text!r}: {str(parent)!r} cannot hold files (e.g. /proc)")
     return p
 
 
