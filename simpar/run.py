@@ -282,7 +282,7 @@ def run_grid(
             bar.update(start)
             while done < n_steps:
                 chunk = min(every, n_steps - done)
-                state = eng.advance(state, params, chunk)
+                state = eng.advance(state, params, chunk, donate=True)
                 obs = eng.observe(state, params)
                 done += chunk
                 if obs["nonfinite"] > 0:

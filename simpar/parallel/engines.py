@@ -15,6 +15,13 @@ The same per-block step (``advance_block``) runs under four engines:
 
 Each engine jit-compiles a chunk of ``n`` steps (``lax.fori_loop`` over exchanges), keeps the
 state on its devices between chunks, and is asked for diagnostics only between chunks.
+
+``place -> advance -> gather`` compose with ``jax.grad``, ``jax.vmap`` and ``jax.jit``: given
+traced values, ``place`` and ``gather`` are JAX operations (a sharding constraint, or the
+reshape/transpose of ``pmap``'s block layout and its inverse) and ``gather`` returns a
+``jax.Array``; given concrete values, ``gather`` returns host NumPy arrays. ``advance`` never
+consumes its input unless asked (``donate=True``, which the driver uses to halve the memory
+of a run).
 A halo of width ``w`` lets the per-block engines take ``w // radius`` steps per exchange.
 Changing the engine, the mesh, the halo width, the grid shape or ``n`` recompiles.
 """
@@ -46,6 +53,16 @@ from simpar.parallel.halo import (
 from simpar.parallel.topology import DeviceGrid, make_device_grid
 
 ENGINES = ("single", "pmap", "shard_map", "sharded")
+
+
+def _traced(state) -> bool:
+    """True when any leaf is a tracer (inside ``jax.grad``, ``vmap``, ``jit``, ...)."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(state))
+
+
+def _array(u):
+    """``jax.Array``s (and tracers) as they are; anything else as a NumPy array."""
+    return u if isinstance(u, jax.Array) else np.asarray(u)
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,19 +157,48 @@ class Engine:
         self._observe = None
 
     # State placement -------------------------------------------------------------------------
-    def place(self, state: dict[str, np.ndarray]):
+    def place(self, state: dict) -> State:
+        """Put a whole-domain state on the engine's devices in its layout.
+
+        Args:
+          state: field name -> array ``(*lead, N_0, ..., N_{d-1})`` (NumPy, ``jax.Array`` or a
+            tracer under ``jax.grad``/``vmap``/``jit``; traced values stay traced).
+
+        Returns:
+          The engine's layout: whole-domain arrays (``single``), globally sharded arrays
+          (``shard_map``, ``sharded``) or stacked blocks ``(n_dev, *lead, n_0, ...)``
+          (``pmap``). The input is never modified or consumed.
+        """
         raise NotImplementedError
 
-    def gather(self, state) -> dict[str, np.ndarray]:
-        """The whole state as host arrays (on every process of a multi-process run)."""
+    def gather(self, state: State) -> dict:
+        """The whole-domain state from the engine's layout (inverse of :meth:`place`).
+
+        Concrete arrays come back as host NumPy arrays (on every process of a multi-process
+        run); traced arrays (under ``jax.grad``/``vmap``/``jit``) as traced ``jax.Array``s,
+        so that a loss on the gathered fields can be differentiated.
+        """
+        if _traced(state):
+            return dict(state)
         return {f: to_host(u) for f, u in state.items()}
 
     # Running ---------------------------------------------------------------------------------
-    def advance(self, state, params: Params, n: int):
-        """Advance ``n`` steps on the devices (compiled once per distinct ``n``)."""
-        if n not in self._advance:
-            self._advance[n] = self._compile_advance(n)
-        return self._advance[n](state, params)
+    def advance(self, state: State, params: Params, n: int, *, donate: bool = False) -> State:
+        """Advance ``n`` steps on the devices (compiled once per distinct ``n`` and ``donate``).
+
+        Args:
+          state: the placed state (from :meth:`place` or a previous ``advance``).
+          params: model parameters (array leaves; differentiable).
+          n: number of steps (static: a new ``n`` compiles a new chunk program).
+          donate: let the result reuse ``state``'s buffers. ``state`` is then deleted and must
+            not be used again (the driver does this; a donated buffer used again raises
+            "Buffer has been deleted or donated", and has crashed the interpreter under
+            ``pmap``/``shard_map``/``sharded``). Default ``False``: ``state`` stays valid.
+        """
+        key = (int(n), bool(donate))
+        if key not in self._advance:
+            self._advance[key] = self._compile_advance(int(n), donate=bool(donate))
+        return self._advance[key](state, params)
 
     def observe(self, state, params: Params) -> dict[str, np.ndarray]:
         """Diagnostics as host NumPy values (scalars and 1-D profiles)."""
@@ -160,7 +206,7 @@ class Engine:
             self._observe = self._compile_observe()
         return {k: to_host(v) for k, v in self._observe(state, params).items()}
 
-    def _compile_advance(self, n: int):
+    def _compile_advance(self, n: int, donate: bool = False):
         raise NotImplementedError
 
     def _whole_domain_advance(self, n: int):
@@ -191,10 +237,10 @@ class SingleEngine(Engine):
     name = "single"
 
     def place(self, state):
-        return {f: jax.device_put(np.asarray(u), self.devices[0]) for f, u in state.items()}
+        return {f: jax.device_put(_array(u), self.devices[0]) for f, u in state.items()}
 
-    def _compile_advance(self, n):
-        return jax.jit(self._whole_domain_advance(n), donate_argnums=0)
+    def _compile_advance(self, n, donate=False):
+        return jax.jit(self._whole_domain_advance(n), donate_argnums=0 if donate else ())
 
     def _compile_observe(self):
         return jax.jit(self._whole_domain_observe())
@@ -226,16 +272,23 @@ class ShardedEngine(Engine):
         return NamedSharding(self.mesh, P(*lead, *self.grid.axis_names))
 
     def place(self, state):
-        # each process materialises only the shards its own devices hold (multi-host ready)
         out = {}
         for f, u in state.items():
+            if isinstance(u, jax.core.Tracer):
+                # a sharding constraint (unlike device_put) keeps a vmapped batch axis whole
+                out[f] = lax.with_sharding_constraint(u, self.sharding(u.ndim))
+                continue
+            if isinstance(u, jax.Array):  # already on devices: a copy in the layout
+                out[f] = jax.device_put(u, self.sharding(u.ndim))
+                continue
+            # host data: each process materialises only the shards its own devices hold
             u = np.asarray(u)
             out[f] = jax.make_array_from_callback(
                 u.shape, self.sharding(u.ndim), lambda idx, u=u: u[idx]
             )
         return out
 
-    def _compile_advance(self, n):
+    def _compile_advance(self, n, donate=False):
         f = self._whole_domain_advance(n)
 
         def step(state, params):
@@ -245,7 +298,7 @@ class ShardedEngine(Engine):
                 k: lax.with_sharding_constraint(v, self.sharding(v.ndim)) for k, v in out.items()
             }
 
-        return jax.jit(step, donate_argnums=0)
+        return jax.jit(step, donate_argnums=0 if donate else ())
 
     def _compile_observe(self):
         return jax.jit(self._whole_domain_observe())
@@ -259,7 +312,7 @@ class ShardMapEngine(ShardedEngine):
     def _specs(self, state_like):
         return {f: self.sharding(np.ndim(u)).spec for f, u in state_like.items()}
 
-    def _compile_advance(self, n):
+    def _compile_advance(self, n, donate=False):
         comm = ShardMapComm(self.grid)
         f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
 
@@ -269,7 +322,7 @@ class ShardMapEngine(ShardedEngine):
                 state, params
             )
 
-        return jax.jit(step, donate_argnums=0)
+        return jax.jit(step, donate_argnums=0 if donate else ())
 
     def _compile_observe(self):
         comm = ShardMapComm(self.grid)
@@ -293,8 +346,12 @@ class PmapEngine(Engine):
 
     name = "pmap"
 
-    def _blocks(self, u: np.ndarray) -> np.ndarray:
-        """Global ``(*lead, N_0, ..., N_{d-1})`` -> ``(n_dev, *lead, n_0, ..., n_{d-1})``."""
+    def _blocks(self, u):
+        """Global ``(*lead, N_0, ..., N_{d-1})`` -> ``(n_dev, *lead, n_0, ..., n_{d-1})``.
+
+        Reshapes and a transpose only: NumPy in, NumPy out; a ``jax.Array`` or tracer in, a
+        traced JAX operation (differentiable, batchable) out.
+        """
         d, g = self.model.ndim, self.grid.shape
         lead = u.shape[: u.ndim - d]
         split = []
@@ -309,7 +366,8 @@ class PmapEngine(Engine):
             self.grid.size, *lead, *(N // m for N, m in zip(u.shape[nl:], g, strict=True))
         )
 
-    def _unblocks(self, b: np.ndarray) -> np.ndarray:
+    def _unblocks(self, b):
+        """Inverse of :meth:`_blocks` (NumPy or traced, like its input)."""
         d, g = self.model.ndim, self.grid.shape
         lead = b.shape[1 : b.ndim - d]
         nl = len(lead)
@@ -321,7 +379,10 @@ class PmapEngine(Engine):
         return v.transpose(order).reshape(*lead, *(n * m for n, m in zip(blk, g, strict=True)))
 
     def place(self, state):
-        return {f: self._put(self._blocks(np.asarray(u))) for f, u in state.items()}
+        if _traced(state):
+            # the pmapped chunk distributes the stacked blocks itself
+            return {f: self._blocks(u) for f, u in state.items()}
+        return {f: self._put(self._blocks(_array(u))) for f, u in state.items()}
 
     def _put(self, blocks: np.ndarray):
         # an identity pmap places block i on device i (device_put_sharded is deprecated); in a
@@ -332,13 +393,19 @@ class PmapEngine(Engine):
         return jax.pmap(lambda x: x, devices=self.devices)(blocks)
 
     def gather(self, state):
+        if _traced(state):
+            return {f: self._unblocks(u) for f, u in state.items()}
         return {f: self._unblocks(gather_blocks(u)) for f, u in state.items()}
 
-    def _compile_advance(self, n):
+    def _compile_advance(self, n, donate=False):
         comm = PmapComm(self.grid, "dev")
         f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
         return jax.pmap(
-            f, axis_name="dev", in_axes=(0, None), devices=self.devices, donate_argnums=0
+            f,
+            axis_name="dev",
+            in_axes=(0, None),
+            devices=self.devices,
+            donate_argnums=0 if donate else (),
         )
 
     def _compile_observe(self):
