@@ -93,12 +93,8 @@ def run_config(
                 f"multi-process runs support the grid models and lj; {name!r} runs in one "
                 "process (use --devices and a mesh on one host)",
             )
-        if resume:
-            raise ConfigError(
-                "--resume", f"restart is available for grid models; not yet for {name!r}"
-            )
         module = importlib.import_module(PARTICLE_MODELS[name])
-        return module.run_config(data, config_text, **options)
+        return module.run_config(data, config_text, resume=resume, **options)
     return run_grid(data, config_text, resume=resume, **options)
 
 
@@ -110,14 +106,6 @@ def _parallel_settings(cfg: Section, engine, mesh):
     mesh = tuple(mesh) if mesh is not None else (tuple(cfg_mesh) if cfg_mesh else None)
     halo = par.get("halo", None, kind=int, min=1, max=16)
     return engine, mesh, halo
-
-
-def _without_steps(text: str) -> dict:
-    import tomllib
-
-    data = tomllib.loads(text)
-    data.get("time", {}).pop("steps", None)
-    return data
 
 
 def run_grid(
@@ -164,15 +152,7 @@ def run_grid(
     )
     start = 0
     if resume:
-        if not path.exists():
-            raise ConfigError("--resume", f"output file {path} does not exist; nothing to resume")
-        ck_state, start, ck_text, ck_model = checkpoint.load(checkpoint.checkpoint_path(path))
-        if ck_model != model.name or _without_steps(ck_text) != _without_steps(config_text):
-            raise ConfigError(
-                "--resume",
-                f"the config differs from the one {path} was started with "
-                "(only time.steps may change on resume)",
-            )
+        ck_state, start = checkpoint.load_for_resume(path, config_text, model.name)
         if start >= n_steps:
             raise ConfigError(
                 "--steps", f"the checkpoint is at step {start}; ask for more steps to resume"
