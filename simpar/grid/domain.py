@@ -57,6 +57,31 @@ class Domain:
         return np.meshgrid(*self.coords(), indexing="ij")
 
 
+def outer_product(factors, scale: float = 1.0, dtype=np.float64) -> np.ndarray:
+    """``scale * f0[i] * f1[j] (* f2[k])`` as an array of ``dtype``, built in slabs.
+
+    Args:
+      factors: one 1-D float64 array per axis, ``(n_0,)``, ``(n_1,)`` ...
+      scale: a constant factor.
+      dtype: dtype of the result.
+
+    Returns:
+      ``(n_0, n_1, ...)`` array; products are taken in float64 and rounded once to
+      ``dtype``, a slab of at most 16 MiB at a time (set-up memory: the result only).
+    """
+    shape = tuple(len(f) for f in factors)
+    out = np.empty(shape, dtype)
+    rest = np.float64(scale)
+    for f in factors[1:]:
+        rest = np.multiply.outer(rest, np.asarray(f, np.float64))
+    rest = np.asarray(rest)
+    rows = max(1, (16 * 2**20) // (8 * max(rest.size, 1)))
+    f0 = np.asarray(factors[0], np.float64).reshape(-1, *([1] * (len(shape) - 1)))
+    for i in range(0, shape[0], rows):
+        out[i : i + rows] = f0[i : i + rows] * rest
+    return out
+
+
 def domain_from_config(cfg: Section, ndims=(2, 3)) -> Domain:
     g = cfg.section("grid", required=True)
     shape = g.get("shape", kind=int, length=ndims, min=1)

@@ -60,6 +60,7 @@ import h5py
 import numpy as np
 
 from simpar.errors import ConfigError
+from simpar.io.files import create_hdf5, ensure_space, write_text_atomic
 
 __all__ = ["GridWriter", "open_frames", "read_attrs", "variable_dims"]
 
@@ -265,15 +266,7 @@ class GridWriter:
                 raise ValueError(f"coordinate name {name!r} is reserved")
         specs = _check_variables(variables, list(coords))
 
-        xdmf_path = Path(str(self.path) + ".xdmf")
-        if overwrite:
-            xdmf_path.unlink(missing_ok=True)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            f = h5py.File(self.path, "w", track_order=True)  # default libver, on purpose
-        except OSError as e:  # e.g. another process holds the file open (HDF5 lock)
-            raise ConfigError("--out", f"cannot create output file {str(self.path)!r}: {e}") from e
-        try:
+        def build(f: h5py.File) -> None:
             f.attrs["Conventions"] = _text_attr("CF-1.8")
             f.attrs["title"] = _text_attr(title if title is not None else self.path.name)
             f.attrs["run_status"] = _text_attr("running")
@@ -338,11 +331,12 @@ class GridWriter:
                 _set_attrs(v, dict(spec.get("attrs", {})))
                 for i, d in enumerate(dims):
                     v.dims[i].attach_scale(scales[d])
-            f.flush()
-        except BaseException:
-            f.close()
-            raise
+
+        # exclusive creation; --overwrite builds beside the old file and renames
+        f = create_hdf5(self.path, build, overwrite=overwrite, track_order=True)
         self._setup(f, xdmf=xdmf, xdmf_min_interval=xdmf_min_interval)
+        if overwrite:
+            self._write_xdmf()  # the old sidecar lists frames of the old file
 
     # ------------------------------------------------------------------ (re)opening
     def _setup(self, f: h5py.File, *, xdmf: bool, xdmf_min_interval: float) -> None:
@@ -486,11 +480,16 @@ class GridWriter:
                 )
             arrays[name] = a.astype(ds.dtype, copy=False)
         k = self.n_frames
-        # Data first, step, then time LAST: time is the commit marker.
+        # refuse a frame that cannot fit before touching the file: earlier frames stay intact
+        ensure_space(self.path, sum(a.nbytes for a in arrays.values()))
+        # Data first, step, then time LAST: time is the commit marker. Each dataset is
+        # flushed while it is open: a chunk written when h5py drops the dataset object
+        # would fail silently (HDF5 errors in __dealloc__ are only printed).
         for name, a in arrays.items():
             ds = self._f[name]
             ds.resize(k + 1, axis=0)
             ds[k] = a
+            ds.flush()
         s = self._f[_STEP]
         s.resize(k + 1, axis=0)
         s[k] = int(step)
@@ -672,9 +671,7 @@ class GridWriter:
             + ("\n" if self._frames else "")
             + " </Grid>\n</Domain>\n</Xdmf>\n"
         )
-        tmp = self.xdmf_path.with_name(self.xdmf_path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, self.xdmf_path)
+        write_text_atomic(self.xdmf_path, text)
         self._xdmf_last = _time.monotonic()
         self._xdmf_dirty = False
 
