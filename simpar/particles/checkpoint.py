@@ -178,7 +178,7 @@ def lj_sim_from_checkpoint(
         jnp.asarray(pad(ck["position"]), dtype),
         jnp.asarray(pad(ck["velocity"]), dtype),
         jnp.asarray(pad(ck["force"]), dtype),
-        jnp.asarray(pad(ck["mass"]), dtype),
+        jnp.asarray(pad(ck["mass"], 1), dtype),  # never 0 on padding: v += f / m
         jnp.asarray(valid),
         jnp.asarray(ck["key"], jnp.uint32),
         jnp.int32(int(ck["step"])),
