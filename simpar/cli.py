@@ -93,6 +93,10 @@ def _configure_jax(devices: int | None) -> None:
 
 
 def _cmd_info(args) -> int:
+    if args.devices is not None and not 1 <= args.devices <= MAX_DEVICES:
+        from simpar.errors import ConfigError
+
+        raise ConfigError("--devices", f"must be 1 .. {MAX_DEVICES}, got {args.devices}")
     _configure_jax(args.devices)
     import jax
 

@@ -26,7 +26,7 @@ from simpar import signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.grid.model import GridSetup
-from simpar.io.files import check_output_path, write_error
+from simpar.io.files import check_output_path, final_status, write_error
 from simpar.memory import peak_memory_mib
 from simpar.parallel import distributed
 from simpar.parallel.engines import ENGINES, make_engine
@@ -172,9 +172,8 @@ def run_grid(
     o = cfg.section("output")
     every = o.get("every", max(n_steps // 10, 1), kind=int, min=1)
     cfg_path = o.get("path", f"data/runs/{model.name}.nc", kind=str)
-    path = check_output_path(
-        out if out is not None else cfg_path, "--out" if out is not None else "output.path"
-    )
+    path_key = "--out" if out is not None else "output.path"
+    path = check_output_path(out if out is not None else cfg_path, path_key)
     save_checkpoints = o.get("checkpoint", True, kind=bool)
     gather_limit = o.get("gather_limit_gib", 16.0, min=0.0, exclusive_min=True)
     engine, mesh, halo = _parallel_settings(cfg, engine, mesh)
@@ -213,8 +212,6 @@ def run_grid(
     # and only process 0 writes)
     main = distributed.is_main()
     distributed.barrier("simpar: input validated")
-    if main:
-        path.parent.mkdir(parents=True, exist_ok=True)
     d = domain.ndim
     names = AXIS_NAMES[:d]
     out_fields = setup.output or {f: (lambda s, f=f: s[f]) for f in model.fields}
@@ -277,6 +274,7 @@ def run_grid(
             attrs=attrs,
             overwrite=overwrite,
             xdmf_min_interval=2.0,
+            key=path_key,
         )
 
     last_good = [f"{path} (no frame written)"]
@@ -329,16 +327,16 @@ def run_grid(
                 except (OSError, RuntimeError) as err:
                     raise write_error(err, path, done, last_good[0]) from None
     except SimulationError as err:
-        _final_status(writer, f"failed: {err}")
+        final_status(writer, f"failed: {err}")
         raise
     except signals.Interrupted as err:
-        _final_status(writer, f"failed: {err.reason}")
+        final_status(writer, f"failed: {err.reason}")
         raise
     except BaseException as err:
-        _final_status(writer, f"failed: {type(err).__name__}: {err}")
+        final_status(writer, f"failed: {type(err).__name__}: {err}")
         raise
     finally:
-        _final_status(writer, None)
+        final_status(writer, None)
     wall = time.perf_counter() - t0
     return {
         "path": str(path),
@@ -352,17 +350,6 @@ def run_grid(
         "final": {k: (v.tolist() if np.ndim(v) == 0 else None) for k, v in obs.items()},
         "peak_memory_mib": peak_memory_mib(),
     }
-
-
-def _final_status(writer, status: str | None) -> None:
-    """Set ``run_status`` (None: only close) without masking the error being raised."""
-    try:
-        if status is not None:
-            writer.set_status(status)
-        else:
-            writer.close()
-    except Exception:  # the disk may be full: the error that stopped the run is reported
-        pass
 
 
 def run_file(path: str, overrides=(), **kwargs) -> dict:

@@ -25,7 +25,13 @@ import numpy as np
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import stencils
-from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config, outer_product
+from simpar.grid.domain import (
+    Domain,
+    boundaries_from_config,
+    domain_from_config,
+    outer_product,
+    uniform_random,
+)
 from simpar.grid.model import GridModel, GridSetup
 
 STENCILS = ("5pt", "9pt")
@@ -146,8 +152,7 @@ def from_config(cfg: Section) -> GridSetup:
         )
     else:
         seed = ini.get("seed", 0, kind=int)
-        u0 = np.random.default_rng(seed).random(domain.shape)
-        u0 *= amplitude
+        u0 = uniform_random(domain.shape, seed, amplitude, domain.dtype)
     return GridSetup(
         model=make_model(d, bcs, stencil),
         domain=domain,

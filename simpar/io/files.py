@@ -23,6 +23,7 @@ Guarantees (issue 10):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -176,7 +177,12 @@ def create_hdf5(
       OSError: a write error while building (the new file is removed).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            key, f"cannot create directory {str(path.parent)!r}: {_reason(e)}"
+        ) from None
     remove_stale_temps(path)
     target = temp_path(path) if overwrite else path
     try:
@@ -186,9 +192,11 @@ def create_hdf5(
             raise ConfigError(key, f"temporary file {str(target)!r} exists; remove it") from None
         raise _exists_error(path, key) from None
     except OSError as e:
-        if path.exists() and not overwrite:
+        if e.errno == errno.EEXIST:
             raise _exists_error(path, key) from None
-        raise ConfigError(key, f"cannot create output file {str(path)!r}: {e}") from None
+        # O_EXCL succeeded before the failure (e.g. a full disk): the empty file is ours
+        Path(target).unlink(missing_ok=True)
+        raise ConfigError(key, f"cannot create output file {str(path)!r}: {_reason(e)}") from None
     try:
         build(f)
         f.flush()
@@ -233,8 +241,9 @@ def write_hdf5_atomic(path: str | os.PathLike, build: Callable[[h5py.File], None
     path = Path(path)
     remove_stale_temps(path)
     tmp = temp_path(path)
+    f = h5py.File(tmp, "x")  # fails on any pre-planted name (never removed: not ours)
     try:
-        with h5py.File(tmp, "x") as f:
+        with f:
             build(f)
         fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
         try:
@@ -247,7 +256,7 @@ def write_hdf5_atomic(path: str | os.PathLike, build: Callable[[h5py.File], None
         raise
 
 
-def ensure_space(path: str | os.PathLike, nbytes: int, margin: int = 1 << 20) -> None:
+def ensure_space(path: str | os.PathLike, nbytes: int, margin: int = 256 << 10) -> None:
     """Refuse a write of about ``nbytes`` that would not fit on ``path``'s file system.
 
     Args:
@@ -272,12 +281,55 @@ def ensure_space(path: str | os.PathLike, nbytes: int, margin: int = 1 << 20) ->
         )
 
 
+def _reason(err: BaseException) -> str:
+    """The OS error of an ``OSError`` or of an HDF5 error (h5py puts errno text inside)."""
+    text = str(err)
+    m = re.search(r"errno = (\d+)", text)
+    if m:
+        return os.strerror(int(m.group(1)))
+    return getattr(err, "strerror", None) or text
+
+
 def write_error(err: BaseException, path: str | os.PathLike, step: int, last_good: str):
     """A ``SimulationError`` for a failed write of ``path`` (naming the OS error)."""
-    reason = getattr(err, "strerror", None) or str(err)
+    reason = _reason(err)
     return SimulationError(
         step,
         f"cannot write {os.fspath(path)}: {reason}",
         hint="free disk space or choose another --out, then run again (grid runs: --resume)",
         checkpoint=last_good,
     )
+
+
+def final_status(writer, status: str | None) -> None:
+    """Set a writer's ``run_status`` (None: only close it) without masking the error that
+    is being raised: after a write error the disk may still be full."""
+    try:
+        if status is not None:
+            writer.set_status(status)
+        else:
+            writer.close()
+    except Exception:
+        pass
+
+
+@contextlib.contextmanager
+def status_on_exit(writer):
+    """Close ``writer`` when the block ends; an exception first sets ``run_status`` to
+    ``"failed: <reason>"`` (``err.reason`` of a ``SimulationError`` or a signal)."""
+    try:
+        yield
+    except BaseException as err:
+        reason = getattr(err, "reason", None) or f"{type(err).__name__}: {err}"
+        final_status(writer, f"failed: {reason}")
+        raise
+    finally:
+        final_status(writer, None)
+
+
+def set_status_or_fail(writer, status: str, path, step: int, last_good: str) -> None:
+    """``writer.set_status(status)``; a failed write becomes :func:`write_error`."""
+    try:
+        writer.set_status(status)
+    except (OSError, RuntimeError) as err:
+        raise write_error(err, path, step, last_good) from None
