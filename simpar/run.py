@@ -62,6 +62,7 @@ def run_config(
     overwrite: bool = False,
     progress: bool = True,
     resume: bool = False,
+    show_layout: bool = False,
 ) -> dict:
     """Run the experiment described by a parsed config.
 
@@ -74,6 +75,7 @@ def run_config(
       progress: show progress.
       resume: continue from the checkpoint next to the output (``<out>.ckpt``); the final
         state equals that of an uninterrupted run.
+      show_layout: print which device holds which block before the run (grid models).
 
     Returns:
       A summary: output path, steps, wall time, final diagnostics.
@@ -97,9 +99,11 @@ def run_config(
             raise ConfigError(
                 "--resume", f"restart is available for grid models; not yet for {name!r}"
             )
+        if show_layout:
+            raise ConfigError("--show-layout", f"grid models only; not {name!r}")
         module = importlib.import_module(PARTICLE_MODELS[name])
         return module.run_config(data, config_text, **options)
-    return run_grid(data, config_text, resume=resume, **options)
+    return run_grid(data, config_text, resume=resume, show_layout=show_layout, **options)
 
 
 def _parallel_settings(cfg: Section, engine, mesh):
@@ -131,6 +135,7 @@ def run_grid(
     overwrite=False,
     progress=True,
     resume=False,
+    show_layout=False,
 ) -> dict:
     from simpar.io import checkpoint
     from simpar.io.meta import run_metadata
@@ -193,6 +198,10 @@ def run_grid(
     # (in a multi-process run every process has validated before process 0 creates a file,
     # and only process 0 writes)
     main = distributed.is_main()
+    if show_layout and main:
+        from simpar.parallel.layout import describe
+
+        print(describe(eng), flush=True)
     distributed.barrier("simpar: input validated")
     if main:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,8 @@ import importlib.util
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from simpar.parallel.engines import make_engine
@@ -64,3 +66,55 @@ def test_checkpointed_2000_step_gradient_stays_within_its_memory_figure(inverse_
     assert mem["remat"] <= 4 * (2000 // 50 + 50) * block, mem
     assert mem["plain"] >= 2000 * block, mem
     assert mem["plain"] >= 10 * mem["remat"], mem
+
+
+def test_layout_maps_pmap_flat_axis_back_to_the_grid(capsys):
+    """``simpar info --mesh 2x4 --engine pmap`` names the block of every device; the placed
+    pmap blocks sit on exactly those devices, and the picture shows the same grid."""
+    from simpar.cli import main
+    from simpar.grid import heat
+    from simpar.grid.boundary import Periodic
+    from simpar.parallel.layout import blocks
+
+    assert main(["info", "--mesh", "2x4", "--engine", "pmap", "--grid", "64x32"]) == 0
+    out = capsys.readouterr().out
+    assert "blocks of 32x8 cells" in out
+    assert "cpu:6  index 6  coords (1, 2)  x 32:64, y 16:24" in out
+    assert "│ CPU 0 │ CPU 1 │ CPU 2 │ CPU 3 │" in out and "│ CPU 4 │ CPU 5 │ CPU 6 │ CPU 7 │" in out
+    model = heat.make_model(2, ((Periodic(), Periodic()),) * 2)
+    e = make_engine("pmap", model, (64, 32), (2, 4), 1)
+    u = np.arange(64 * 32.0).reshape(64, 32)
+    placed = e.place({"u": u})["u"]
+    table = blocks(e)
+    for shard in placed.addressable_shards:
+        b = table[e.devices.index(shard.device)]
+        assert b["device"] == str(shard.device)
+        (x0, x1), (y0, y1) = b["cells"]
+        np.testing.assert_array_equal(np.asarray(shard.data)[0], u[x0:x1, y0:y1])
+
+
+def test_show_layout_prints_before_the_run(tmp_path, capsys):
+    from simpar.cli import main
+
+    out = tmp_path / "lay.nc"
+    args = ["run", "experiments/heat2d.toml", "--engine", "shard_map", "--mesh", "4x2"]
+    args += ["--show-layout", "--steps", "2", "--set", "grid.shape=[16,16]", "--quiet"]
+    assert main([*args, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.index("engine shard_map: grid 16x16 cells on device mesh 4x2") < text.index(
+        '"path"'
+    )
+    assert "cpu:7  index 7  coords (3, 1)  x 12:16, y 8:16" in text
+    assert "│  CPU 6   │  CPU 7   │" in text
+
+
+def test_sharded_dot_equals_unsharded_and_stays_sharded():
+    dot = _experiment("sharded_dot")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((2, 16, 1000))
+    out, xs, _ = dot.sharded_dots(x, y, 8)
+    np.testing.assert_allclose(np.asarray(out), np.einsum("ij,ij->i", x, y), rtol=1e-13)
+    one_device = np.asarray(jax.vmap(jnp.vdot)(x, y))  # summed in another order: round-off
+    np.testing.assert_allclose(np.asarray(out), one_device, rtol=1e-14, atol=1e-13)
+    assert str(out.sharding.spec) == "P('rows',)" and len(out.sharding.device_set) == 8
+    assert len(xs.addressable_shards) == 8 and xs.addressable_shards[3].data.shape == (2, 1000)
