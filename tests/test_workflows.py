@@ -118,3 +118,32 @@ def test_sharded_dot_equals_unsharded_and_stays_sharded():
     np.testing.assert_allclose(np.asarray(out), one_device, rtol=1e-14, atol=1e-13)
     assert str(out.sharding.spec) == "P('rows',)" and len(out.sharding.device_set) == 8
     assert len(xs.addressable_shards) == 8 and xs.addressable_shards[3].data.shape == (2, 1000)
+
+
+def test_surrogate_training_pmap_and_sharding_equal_one_device(tmp_path):
+    """A heat run's output read back with h5py (each process its own slice of pairs); 20 Adam
+    steps with the pmap step (pmean) and the sharded jit step give the parameters of a
+    one-device step on the whole batch to round-off, and the loss falls."""
+    sur = _experiment("train_surrogate")
+    path = sur.simulate(tmp_path / "heat.nc", shape=(16, 16), frames=20, every=5)
+    x, y = sur.read_pairs(path)
+    assert x.shape == (20, 16, 16, 1)
+    halves = [sur.read_pairs(path, process_index=i, process_count=2) for i in (0, 1)]
+    np.testing.assert_array_equal(np.concatenate([h[0] for h in halves]), x)
+    np.testing.assert_array_equal(np.concatenate([h[1] for h in halves]), y)
+    np.testing.assert_array_equal(x[1:], y[:-1])
+    results = {v: sur.train(v, x, y, steps=20, batch_size=16) for v in ("one", "pmap", "sharded")}
+    ref_params, ref_losses = results["one"]
+    before = float(sur.loss_fn(sur.init_params(jax.random.PRNGKey(0)), x, y))
+    after = float(sur.loss_fn(ref_params, x, y))
+    assert after < 0.5 * before, (before, after)
+    for version, (params, losses) in results.items():
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-10, err_msg=version)
+        for k in ref_params:
+            np.testing.assert_allclose(
+                np.asarray(params[k]),
+                np.asarray(ref_params[k]),
+                rtol=1e-9,
+                atol=1e-12,
+                err_msg=f"{version} {k}",
+            )
