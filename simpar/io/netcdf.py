@@ -65,7 +65,8 @@ __all__ = ["GridWriter", "open_frames", "read_attrs", "variable_dims"]
 
 _TIME = "time"
 _STEP = "step"
-_RESERVED = (_TIME, _STEP)
+_ENSEMBLE = "ensemble"  # optional member dimension, right after time
+_RESERVED = (_TIME, _STEP, _ENSEMBLE)
 _NT = "@NT@"  # placeholder for the frame count in cached XDMF text
 _GZIP_LEVEL = 4
 _MAX_CHUNK_BYTES = 64 * 2**20  # split the slowest axes of bigger frames (4 GiB limit)
@@ -221,6 +222,9 @@ class GridWriter:
         after every frame). The sidecar is always rewritten on close; a larger value
         saves I/O on runs with many frames, at the cost of a sidecar that may lag the
         HDF5 file after a crash.
+      ensemble: number of ensemble members: adds the dimension ``ensemble`` (coordinate:
+        member index) that variables may name right after ``time``, e.g.
+        ``("time", "ensemble", "y", "x")``. Such variables are not in the XDMF sidecar.
 
     Raises:
       ConfigError: ``path`` exists and ``overwrite`` is false (key ``--out``).
@@ -241,6 +245,7 @@ class GridWriter:
         overwrite: bool = False,
         title: str | None = None,
         xdmf_min_interval: float = 0.0,
+        ensemble: int | None = None,
     ):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
@@ -263,7 +268,10 @@ class GridWriter:
                 raise ValueError(f"coordinate {name!r} must be a non-empty 1-D array")
             if name in _RESERVED:
                 raise ValueError(f"coordinate name {name!r} is reserved")
-        specs = _check_variables(variables, list(coords))
+        specs = _check_variables(variables, list(coords), ensemble is not None)
+        sizes = {name: c.size for name, c in coords.items()}
+        if ensemble is not None:
+            sizes[_ENSEMBLE] = int(ensemble)
 
         xdmf_path = Path(str(self.path) + ".xdmf")
         if overwrite:
@@ -293,6 +301,12 @@ class GridWriter:
             t.attrs["_FillValue"] = np.float64(np.nan)
             t.make_scale(_TIME)
             scales = {_TIME: t}
+            if ensemble is not None:
+                e = f.create_dataset(_ENSEMBLE, data=np.arange(int(ensemble), dtype=np.int32))
+                e.attrs["long_name"] = _text_attr("ensemble member")
+                e.attrs["units"] = _text_attr("1")
+                e.make_scale(_ENSEMBLE)
+                scales[_ENSEMBLE] = e
             for name, c in coords.items():
                 d = f.create_dataset(name, data=c)
                 # No "axis" attribute: ParaView would take x/y as lon/lat.
@@ -309,7 +323,7 @@ class GridWriter:
             for name, spec in specs.items():
                 dims = spec["dims"]
                 dtype = np.dtype(spec["dtype"])
-                spatial = tuple(coords[d].size for d in dims[1:])
+                spatial = tuple(sizes[d] for d in dims[1:])
                 kwargs: dict[str, Any] = {}
                 if spatial:
                     kwargs["chunks"] = _chunks(spatial, dtype.itemsize)
@@ -365,7 +379,7 @@ class GridWriter:
         axes = [
             name
             for name, ds in f.items()
-            if isinstance(ds, h5py.Dataset) and ds.is_scale and name != _TIME
+            if isinstance(ds, h5py.Dataset) and ds.is_scale and name not in (_TIME, _ENSEMBLE)
         ]
         self.coords: dict[str, np.ndarray] = {a: f[a][...] for a in axes}
         self.n_frames = _n_committed(f)
@@ -680,7 +694,7 @@ class GridWriter:
 
 
 def _check_variables(
-    variables: Mapping[str, Mapping[str, Any]], axes: list[str]
+    variables: Mapping[str, Mapping[str, Any]], axes: list[str], ensemble: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Validate variable specs; returns copies with ``dims`` as tuples, dtype set."""
     if not variables:
@@ -692,7 +706,7 @@ def _check_variables(
         if "/" in name or not name:
             raise ValueError(f"invalid variable name {name!r}")
         dims = tuple(spec.get("dims", ()))
-        spatial = dims[1:]
+        spatial = dims[2:] if ensemble and dims[1:2] == (_ENSEMBLE,) else dims[1:]
         order = [axes.index(d) for d in spatial if d in axes]
         if (
             not dims
