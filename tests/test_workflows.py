@@ -147,3 +147,13 @@ def test_surrogate_training_pmap_and_sharding_equal_one_device(tmp_path):
                 atol=1e-12,
                 err_msg=f"{version} {k}",
             )
+
+
+def test_readme_research_workflows_code_runs():
+    """The Python blocks of the README's "Research workflows" section run as written."""
+    text = (EXPERIMENTS.parent / "README.md").read_text()
+    section = text.split("## Research workflows", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
