@@ -18,6 +18,7 @@ from simpar.grid.boundary import Dirichlet, Neumann, Periodic
 from simpar.grid.domain import Domain
 from simpar.parallel.engines import make_engine
 from simpar.parallel.ensemble import make_ensemble_engine
+from simpar.parallel.layout import blocks
 from simpar.run import run_config, run_file
 from simpar.testing import assert_same_field
 
@@ -36,6 +37,8 @@ def test_each_member_equals_its_run_alone(engine, mesh):
     params = jax.tree.map(lambda *p: jnp.stack(p), *members)
     e = make_ensemble_engine(engine, model, SHAPE, 4, mesh, 2)
     assert len(e.devices) == (1 if engine == "single" else 8)
+    if engine == "pmap":  # 4 members x 2 blocks: member m on devices 2m, 2m + 1
+        assert [(b["member"], b["coords"]) for b in blocks(e)][4:6] == [(2, (0, 0)), (2, (1, 0))]
     st = e.advance(e.place({"u": np.stack(fields)}), params, 7)
     out, obs = e.gather(st)["u"], e.observe(st, params)
     alone = make_engine(engine, model, SHAPE, mesh, 2)

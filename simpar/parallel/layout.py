@@ -26,15 +26,17 @@ from simpar.parallel.topology import AXIS_NAMES
 
 
 def blocks(engine) -> list[dict]:
-    """Per device: ``{"device", "index", "coords", "cells"}`` with ``cells`` one
-    ``(start, stop)`` cell range per spatial axis (x, y[, z])."""
+    """Per device: ``{"device", "index", "member", "coords", "cells"}`` with ``cells`` one
+    ``(start, stop)`` cell range per spatial axis (x, y[, z]); ``member`` is the ensemble
+    member (0 without an ensemble; members hold consecutive groups of devices)."""
     grid, shape = engine.grid, engine.domain_shape
     size = [n // m for n, m in zip(shape, grid.shape, strict=True)]
     out = []
     for i, dev in enumerate(engine.devices):
-        c = grid.coords(i)
+        member, j = divmod(i, grid.size)
+        c = grid.coords(j)
         cells = [(k * b, (k + 1) * b) for k, b in zip(c, size, strict=True)]
-        out.append({"device": str(dev), "index": i, "coords": c, "cells": cells})
+        out.append({"device": str(dev), "index": i, "member": member, "coords": c, "cells": cells})
     return out
 
 
@@ -73,12 +75,24 @@ def describe(engine) -> str:
         f"{'x'.join(map(str, grid.shape))} ({', '.join(names)}), blocks of "
         f"{'x'.join(map(str, size))} cells, halo {engine.halo}"
     ]
-    if engine.name == "pmap":
+    members = getattr(engine, "members", None)
+    if members is not None:
+        lines.append(
+            f"ensemble of {members} members, each on its own {grid.size} device(s)"
+            + (" (vmapped on one device)" if engine.name == "single" else "")
+        )
+    if engine.name == "pmap" and members is None:
         lines.append("pmap flat index i holds the block at grid coordinates coords(i), C order")
+    elif engine.name == "pmap":
+        lines.append(
+            f"pmap flat index i holds member i // {grid.size}'s block at grid coordinates "
+            f"coords(i % {grid.size}), C order"
+        )
     for b in blocks(engine):
         cells = ", ".join(f"{n} {a}:{z}" for n, (a, z) in zip(names, b["cells"], strict=True))
-        lines.append(f"  {b['device']:>8}  index {b['index']}  coords {b['coords']}  {cells}")
+        who = f"member {b['member']}  " if members is not None else ""
+        lines.append(f"  {b['device']:>8}  index {b['index']}  {who}coords {b['coords']}  {cells}")
     text = "\n".join(lines) + "\n"
-    if len(shape) <= 2:
+    if len(shape) <= 2 and members is None:
         text += "rows: blocks along x; columns: blocks along y\n" + _picture(engine)
     return text
