@@ -44,7 +44,7 @@ from simpar.parallel.engines import (
     make_engine,
     observe_block,
 )
-from simpar.parallel.halo import PmapComm, ShardMapComm
+from simpar.parallel.halo import PmapComm
 
 MEMBER_AXIS = "member"
 
@@ -100,31 +100,31 @@ def _ensemble_mesh(members: int, grid, devices) -> Mesh:
     )
 
 
-class _Members:
-    """Shared by the ensemble engines: the member count and the per-member observation."""
+class _VmappedMembers:
+    """The member count, and the whole-domain programs vmapped over the member axis (for the
+    engines that run the global view: ``single`` and ``sharded``)."""
 
     members: int
 
     def _init_members(self, members: int):
         self.members = int(members)
 
+    def _whole_domain_advance(self, n: int):
+        return jax.vmap(super()._whole_domain_advance(n))
 
-class SingleEnsemble(_Members, SingleEngine):
+    def _whole_domain_observe(self):
+        return jax.vmap(super()._whole_domain_observe())
+
+
+class SingleEnsemble(_VmappedMembers, SingleEngine):
     """Members vmapped on one device."""
 
     def __init__(self, model, domain_shape, grid, halo, devices, members):
         super().__init__(model, domain_shape, grid, halo, devices)
         self._init_members(members)
 
-    def _compile_advance(self, n, donate=False):
-        f = jax.vmap(self._whole_domain_advance(n))
-        return jax.jit(f, donate_argnums=0 if donate else ())
 
-    def _compile_observe(self):
-        return jax.jit(jax.vmap(self._whole_domain_observe()))
-
-
-class ShardedEnsemble(_Members, ShardedEngine):
+class ShardedEnsemble(_VmappedMembers, ShardedEngine):
     """Members on a mesh axis; the vmapped global-view step partitioned by XLA."""
 
     def __init__(self, model, domain_shape, grid, halo, devices, members):
@@ -136,20 +136,6 @@ class ShardedEnsemble(_Members, ShardedEngine):
         lead = (None,) * (ndim - 1 - self.model.ndim)
         return NamedSharding(self.mesh, P(MEMBER_AXIS, *lead, *self.grid.axis_names))
 
-    def _compile_advance(self, n, donate=False):
-        f = jax.vmap(self._whole_domain_advance(n))
-
-        def step(state, params):
-            out = f(state, params)
-            return {
-                k: lax.with_sharding_constraint(v, self.sharding(v.ndim)) for k, v in out.items()
-            }
-
-        return jax.jit(step, donate_argnums=0 if donate else ())
-
-    def _compile_observe(self):
-        return jax.jit(jax.vmap(self._whole_domain_observe()))
-
 
 def _squeeze(tree):
     return jax.tree.map(lambda a: a[0], tree)
@@ -159,64 +145,39 @@ def _expand(tree):
     return jax.tree.map(lambda a: a[None], tree)
 
 
-class ShardMapEnsemble(_Members, ShardMapEngine):
+class ShardMapEnsemble(ShardMapEngine):
     """Members on a mesh axis; the unchanged per-block program under ``shard_map``."""
 
     def __init__(self, model, domain_shape, grid, halo, devices, members):
-        self._init_members(members)
+        self.members = int(members)
         Engine.__init__(self, model, domain_shape, grid, halo, devices)
         self.mesh = _ensemble_mesh(self.members, grid, self.devices)
 
     sharding = ShardedEnsemble.sharding
 
-    def _compile_advance(self, n, donate=False):
-        comm = ShardMapComm(self.grid)
-        block = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
+    params_spec = P(MEMBER_AXIS)
 
+    def _per_block(self, fn):
         def f(state, params):  # one member's block: strip and restore the member axis
-            return _expand(block(_squeeze(state), _squeeze(params)))
+            return _expand(fn(_squeeze(state), _squeeze(params)))
 
-        def step(state, params):
-            specs = self._specs(state)
-            return jax.shard_map(
-                f, mesh=self.mesh, in_specs=(specs, P(MEMBER_AXIS)), out_specs=specs
-            )(state, params)
+        return f
 
-        return jax.jit(step, donate_argnums=0 if donate else ())
-
-    def _compile_observe(self):
-        comm = ShardMapComm(self.grid)
-        obs = functools.partial(
-            observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
-        )
+    def _observe_specs(self, state, params):
+        shapes = jax.eval_shape(jax.vmap(self._whole_domain_observe()), state, params)
         last = self.grid.axis_names[-1]
-
-        def f(state, params):
-            return _expand(obs(_squeeze(state), _squeeze(params)))
-
-        def run(state, params):
-            shapes = jax.eval_shape(jax.vmap(self._whole_domain_observe()), state, params)
-            out_specs = {
-                k: (P(MEMBER_AXIS, last) if v.ndim == 2 else P(MEMBER_AXIS))
-                for k, v in shapes.items()
-            }
-            return jax.shard_map(
-                f,
-                mesh=self.mesh,
-                in_specs=(self._specs(state), P(MEMBER_AXIS)),
-                out_specs=out_specs,
-            )(state, params)
-
-        return jax.jit(run)
+        return {
+            k: (P(MEMBER_AXIS, last) if v.ndim == 2 else P(MEMBER_AXIS)) for k, v in shapes.items()
+        }
 
 
-class PmapEnsemble(_Members, PmapEngine):
+class PmapEnsemble(PmapEngine):
     """``members x grid.size`` devices on one flat pmap axis; member ``m`` on the ``m``-th
     group of ``grid.size`` consecutive devices."""
 
     def __init__(self, model, domain_shape, grid, halo, devices, members):
         super().__init__(model, domain_shape, grid, halo, devices)
-        self._init_members(members)
+        self.members = int(members)
 
     def _blocks(self, u):
         # the member axis as a leading axis of the block layout, then member-major
