@@ -312,15 +312,27 @@ class ShardMapEngine(ShardedEngine):
     def _specs(self, state_like):
         return {f: self.sharding(np.ndim(u)).spec for f, u in state_like.items()}
 
+    params_spec = P()  # parameters are replicated (ensembles: split by member)
+
+    def _per_block(self, fn):
+        """The per-block function as ``shard_map`` calls it (ensembles strip a member axis)."""
+        return fn
+
+    def _observe_specs(self, state, params):
+        shapes = jax.eval_shape(self._whole_domain_observe(), state, params)
+        last = self.grid.axis_names[-1]
+        return {k: (P(last) if v.ndim == 1 else P()) for k, v in shapes.items()}
+
     def _compile_advance(self, n, donate=False):
         comm = ShardMapComm(self.grid)
         f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
+        f = self._per_block(f)
 
         def step(state, params):
             specs = self._specs(state)
-            return jax.shard_map(f, mesh=self.mesh, in_specs=(specs, P()), out_specs=specs)(
-                state, params
-            )
+            return jax.shard_map(
+                f, mesh=self.mesh, in_specs=(specs, self.params_spec), out_specs=specs
+            )(state, params)
 
         return jax.jit(step, donate_argnums=0 if donate else ())
 
@@ -329,13 +341,14 @@ class ShardMapEngine(ShardedEngine):
         obs = functools.partial(
             observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
         )
-        last = self.grid.axis_names[-1]
+        obs = self._per_block(obs)
 
         def run(state, params):
-            shapes = jax.eval_shape(self._whole_domain_observe(), state, params)
-            out_specs = {k: (P(last) if v.ndim == 1 else P()) for k, v in shapes.items()}
             return jax.shard_map(
-                obs, mesh=self.mesh, in_specs=(self._specs(state), P()), out_specs=out_specs
+                obs,
+                mesh=self.mesh,
+                in_specs=(self._specs(state), self.params_spec),
+                out_specs=self._observe_specs(state, params),
             )(state, params)
 
         return jax.jit(run)
