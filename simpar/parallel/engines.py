@@ -168,7 +168,7 @@ class Engine:
         raise NotImplementedError
 
     def _whole_domain_advance(self, n: int):
-        """``advance_block`` on a block that is the whole domain (``single``, ``sharded``)."""
+        """``advance_block`` on a block that is the whole domain (``single``)."""
         comm = LocalComm(self.model.ndim)
         return functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
 
