@@ -4,7 +4,8 @@
                            [--out PATH] [--set key.sub=value ...] [--overwrite] [--quiet]
                            [--coordinator HOST:PORT --num-processes N --process-id I]
                            [--distributed]
-    simpar info [--devices N]
+                           [--show-layout]
+    simpar info [--devices N] [--mesh AxB[xC] [--engine E] [--grid NxM[xK]]]
     simpar plot OUT.h5
 
 Multi-process runs (``simpar.parallel.distributed``): one ``simpar run`` per process with the
@@ -62,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     r.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     r.add_argument("--quiet", action="store_true", help="no progress output")
+    r.add_argument(
+        "--show-layout",
+        action="store_true",
+        help="print which device holds which block of the state before the run",
+    )
     d = r.add_argument_group(
         "multi-process runs", "one simpar run per process (simpar.parallel.distributed)"
     )
@@ -75,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     i = sub.add_parser("info", help="JAX version, backend, devices, processes")
     i.add_argument("--devices", type=int, help="number of virtual CPU devices")
+    i.add_argument("--mesh", help="also print which device holds which block on this mesh")
+    i.add_argument("--engine", default="shard_map", help="engine for --mesh (default shard_map)")
+    i.add_argument("--grid", help="grid shape for --mesh, e.g. 256x256 (default 256 per axis)")
     pl = sub.add_parser("plot", help="PNGs of the last frame / time series next to the file")
     pl.add_argument("path", help="an output file of simpar run")
     return p
@@ -93,11 +102,17 @@ def _configure_jax(devices: int | None) -> None:
 
 
 def _cmd_info(args) -> int:
-    if args.devices is not None and not 1 <= args.devices <= MAX_DEVICES:
-        from simpar.errors import ConfigError
+    from simpar.errors import ConfigError
+    from simpar.parallel.topology import parse_mesh
 
-        raise ConfigError("--devices", f"must be 1 .. {MAX_DEVICES}, got {args.devices}")
-    _configure_jax(args.devices)
+    mesh = parse_mesh(args.mesh) if args.mesh else None
+    devices = args.devices
+    if devices is None and mesh is not None:
+        devices = math.prod(mesh)
+    if devices is not None and not 1 <= devices <= MAX_DEVICES:
+        key = "--devices" if args.devices is not None else "--mesh"
+        raise ConfigError(key, f"must be 1 .. {MAX_DEVICES} devices, got {devices}")
+    _configure_jax(devices)
     import jax
 
     import simpar
@@ -114,7 +129,26 @@ def _cmd_info(args) -> int:
         "x64": bool(jax.config.jax_enable_x64),
     }
     print(json.dumps(info, indent=2))
+    if mesh is not None:
+        print(_layout(args.engine, mesh, args.grid))
     return EXIT_OK
+
+
+def _layout(engine: str, mesh: tuple[int, ...], grid: str | None) -> str:
+    """``simpar info --mesh``: the block layout of a heat field on ``grid`` (any model with
+    the same grid and mesh has the same layout)."""
+    from simpar.errors import ConfigError
+    from simpar.grid import heat
+    from simpar.grid.boundary import Periodic
+    from simpar.parallel.engines import make_engine
+    from simpar.parallel.layout import describe
+    from simpar.parallel.topology import parse_mesh
+
+    shape = parse_mesh(grid) if grid else (256,) * max(2, len(mesh))
+    if len(shape) < 2:
+        raise ConfigError("--grid", f"give 2 or 3 cell counts joined by 'x', got {grid!r}")
+    model = heat.make_model(len(shape), ((Periodic(), Periodic()),) * len(shape))
+    return describe(make_engine(engine, model, shape, None if engine == "single" else mesh))
 
 
 def _cmd_run(args) -> int:
@@ -188,6 +222,7 @@ def _cmd_run(args) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
         resume=args.resume,
+        show_layout=args.show_layout,
     )
     if jax.process_index() == 0:
         print(json.dumps(summary, default=str))

@@ -47,6 +47,40 @@ def save(
     write_hdf5_atomic(path, build)
 
 
+def config_matches(text_a: str, text_b: str) -> bool:
+    """Whether two resolved config texts agree in everything but ``time.steps`` (the only
+    setting a resumed run may change)."""
+    import tomllib
+
+    def without_steps(text):
+        data = tomllib.loads(text)
+        data.get("time", {}).pop("steps", None)
+        return data
+
+    return without_steps(text_a) == without_steps(text_b)
+
+
+def load_for_resume(
+    output: str | os.PathLike, config_text: str, model: str
+) -> tuple[dict[str, np.ndarray], int]:
+    """The checkpoint next to ``output`` for ``--resume``: (state arrays, step).
+
+    Raises:
+      ConfigError (``--resume``): no output or checkpoint, an unreadable one, or one
+        written by another model or config (only ``time.steps`` may differ).
+    """
+    if not Path(output).exists():
+        raise ConfigError("--resume", f"output file {output} does not exist; nothing to resume")
+    state, step, text, ck_model = load(checkpoint_path(output))
+    if ck_model != model or not config_matches(text, config_text):
+        raise ConfigError(
+            "--resume",
+            f"the config differs from the one {output} was started with "
+            "(only time.steps may change on resume)",
+        )
+    return state, step
+
+
 def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], int, str, str]:
     """Read a checkpoint: (state, step, config_text, model).
 

@@ -79,7 +79,8 @@ __all__ = ["GridWriter", "open_frames", "read_attrs", "variable_dims"]
 
 _TIME = "time"
 _STEP = "step"
-_RESERVED = (_TIME, _STEP)
+_ENSEMBLE = "ensemble"  # optional member dimension, right after time
+_RESERVED = (_TIME, _STEP, _ENSEMBLE)
 _NT = "@NT@"  # placeholder for the frame count in cached XDMF text
 _GZIP_LEVEL = 4
 _MAX_CHUNK_BYTES = 64 * 2**20  # split the slowest axes of bigger frames (4 GiB limit)
@@ -236,6 +237,9 @@ class GridWriter:
         saves I/O on runs with many frames, at the cost of a sidecar that may lag the
         HDF5 file after a crash.
       key: the option or config key named in errors about ``path``.
+      ensemble: number of ensemble members: adds the dimension ``ensemble`` (coordinate:
+        member index) that variables may name right after ``time``, e.g.
+        ``("time", "ensemble", "y", "x")``. Such variables are not in the XDMF sidecar.
 
     Raises:
       ConfigError: ``path`` exists and ``overwrite`` is false (key ``--out``).
@@ -257,6 +261,7 @@ class GridWriter:
         title: str | None = None,
         xdmf_min_interval: float = 0.0,
         key: str = "--out",
+        ensemble: int | None = None,
     ):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
@@ -279,13 +284,15 @@ class GridWriter:
                 raise ValueError(f"coordinate {name!r} must be a non-empty 1-D array")
             if name in _RESERVED:
                 raise ValueError(f"coordinate name {name!r} is reserved")
-        specs = _check_variables(variables, list(coords))
+        specs = _check_variables(variables, list(coords), ensemble is not None)
+        sizes = {} if ensemble is None else {_ENSEMBLE: int(ensemble)}
+        sizes.update({name: c.size for name, c in coords.items()})
 
         def build(f: h5py.File) -> None:
             # h5netcdf writes the netCDF4 layout (dimension scales, netCDF dimension ids,
             # _FillValue); attribute values are NC_CHAR text (np.bytes_) as ParaView needs
             nc = h5netcdf.File(f, "r+")
-            nc.dimensions = {_TIME: None, **{name: c.size for name, c in coords.items()}}
+            nc.dimensions = {_TIME: None, **sizes}  # time, [ensemble,] spatial axes
             nc.attrs["Conventions"] = _text_attr("CF-1.8")
             nc.attrs["title"] = _text_attr(title if title is not None else self.path.name)
             nc.attrs["run_status"] = _text_attr("running")
@@ -295,6 +302,12 @@ class GridWriter:
             t.attrs["units"] = _text_attr(time_units)
             t.attrs["long_name"] = _text_attr("simulation time")
             t.attrs["axis"] = _text_attr("T")  # VTK needs it to find the time axis
+            if ensemble is not None:
+                e = nc.create_variable(
+                    _ENSEMBLE, (_ENSEMBLE,), "i4", data=np.arange(int(ensemble), dtype=np.int32)
+                )
+                e.attrs["long_name"] = _text_attr("ensemble member")
+                e.attrs["units"] = _text_attr("1")
             for name, c in coords.items():
                 d = nc.create_variable(name, (name,), "f8", data=c)
                 # No "axis" attribute: ParaView would take x/y as lon/lat.
@@ -307,7 +320,7 @@ class GridWriter:
             for name, spec in specs.items():
                 dims = spec["dims"]
                 dtype = np.dtype(spec["dtype"])
-                spatial = tuple(coords[d].size for d in dims[1:])
+                spatial = tuple(sizes[d] for d in dims[1:])
                 kwargs: dict[str, Any] = {"chunks": (1024,)}
                 if spatial:
                     kwargs["chunks"] = _chunks(spatial, dtype.itemsize)
@@ -353,7 +366,7 @@ class GridWriter:
         axes = [
             name
             for name, ds in f.items()
-            if isinstance(ds, h5py.Dataset) and ds.is_scale and name != _TIME
+            if isinstance(ds, h5py.Dataset) and ds.is_scale and name not in (_TIME, _ENSEMBLE)
         ]
         self.coords: dict[str, np.ndarray] = {a: f[a][...] for a in axes}
         self.n_frames = _n_committed(f)
@@ -674,7 +687,7 @@ class GridWriter:
 
 
 def _check_variables(
-    variables: Mapping[str, Mapping[str, Any]], axes: list[str]
+    variables: Mapping[str, Mapping[str, Any]], axes: list[str], ensemble: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Validate variable specs; returns copies with ``dims`` as tuples, dtype set."""
     if not variables:
@@ -686,7 +699,7 @@ def _check_variables(
         if "/" in name or not name:
             raise ValueError(f"invalid variable name {name!r}")
         dims = tuple(spec.get("dims", ()))
-        spatial = dims[1:]
+        spatial = dims[2:] if ensemble and dims[1:2] == (_ENSEMBLE,) else dims[1:]
         order = [axes.index(d) for d in spatial if d in axes]
         if (
             not dims

@@ -12,7 +12,8 @@ Config keys (defaults in brackets)::
     [particles] n (>= 2), seed [0], dtype ["float64"] ("float32" | "float64")
     [time]      dt (> 0), steps (>= 0)
     [physics]   softening [0.0] (>= 0), G [1.0] (> 0)
-    [output]    every (>= 1), path ["data/runs/nbody.h5md"] (must end in .h5md)
+    [output]    every (>= 1), path ["data/runs/nbody.h5md"] (must end in .h5md),
+                checkpoint [true] (write <path>.ckpt with each frame, for --resume)
     [parallel]  engine ["single"], devices [1 for single, else all devices]
                 (or mesh = [n], as in other simpar configs)
 
@@ -28,6 +29,12 @@ Units are N-body units (G = M = 1, E = -1/4 for the Plummer sphere). Following
 "ps"), so ``MDAnalysis.Universe(path)`` opens the file and returns the stored numbers
 unconverted; ``reduced_unit`` attributes and ``/parameters`` ``unit_system = "nbody"``
 say what they really are.
+
+Restart: with each frame the whole state (positions, velocities, accelerations, masses,
+step; ``simpar.particles.checkpoint``) is written atomically to ``<path>.ckpt``;
+``resume=True`` (``simpar run --resume``) continues from it, appending to the same file, bit
+for bit equal to an uninterrupted run on the same engine and device count (to round-off on
+another: the state is stored in global particle order).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import numpy as np
 from simpar import signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
+from simpar.io import checkpoint
 from simpar.io.files import (
     check_output_path,
     set_status_or_fail,
@@ -52,6 +60,7 @@ from simpar.io.h5md import H5MDWriter
 from simpar.io.meta import run_metadata
 from simpar.memory import check_fits, peak_memory_mib
 from simpar.parallel.ring import ENGINES, check_layout, make_engine
+from simpar.particles import checkpoint as particle_checkpoint
 from simpar.particles.nbody import Observables, make_params, plummer_sphere
 from simpar.progress import Progress
 
@@ -169,6 +178,7 @@ def run_config(
     out: str | None,
     progress: bool = True,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> dict:
     """Run an N-body config and write its H5MD output.
 
@@ -181,6 +191,9 @@ def run_config(
       steps: number of steps; None means ``time.steps``.
       out: output path; None means ``output.path``.
       progress: show a progress bar / log lines.
+      overwrite: replace an existing output file.
+      resume: continue from ``<out>.ckpt``, appending to the output (only ``time.steps``
+        may differ from the original config).
 
     Returns:
       Summary: path, engine, devices, n, steps, frames, initial and final total energy,
@@ -206,6 +219,7 @@ def run_config(
     osec = cfg.section("output")
     every = osec.get("every", kind=int, min=1)
     cfg_path = osec.get("path", "data/runs/nbody.h5md", kind=str)
+    save_checkpoints = osec.get("checkpoint", True, kind=bool)
     psec = cfg.section("parallel")
     cfg_engine = psec.get("engine", "single", kind=str, choices=ENGINES)
     cfg_devices = psec.get("devices", None, kind=int, min=1)
@@ -228,7 +242,14 @@ def run_config(
             path_key, f"must end in .h5md (MDAnalysis recognises H5MD by it), got {str(path)!r}"
         )
     path = check_output_path(path, path_key)
-    if path.exists() and not overwrite:
+    ck = None
+    if resume:
+        ck, ck_step = checkpoint.load_for_resume(path, config_text, name)
+        if ck_step >= n_steps:
+            raise ConfigError(
+                "--steps", f"the checkpoint is at step {ck_step}; ask for more steps to resume"
+            )
+    elif path.exists() and not overwrite:
         raise ConfigError(
             "--out",
             f"output file {path} exists; pass --overwrite to replace it or choose another --out",
@@ -267,30 +288,48 @@ def run_config(
         "run_status": "running",
     }
     signals.check()  # stopped during set-up or compilation: no output is created
-    writer = _open_output(path, n, dtype, mass, attrs, overwrite=overwrite, key=path_key)
+    if ck is not None:
+        ck_state, ck_step = particle_checkpoint.nbody_state_from_checkpoint(ck)
+        if ck_state.pos.shape != pos.shape:
+            raise ConfigError("--resume", "the checkpoint holds another number of particles")
+        writer = H5MDWriter.open_existing(path, step=ck_step)
+    else:
+        writer = _open_output(path, n, dtype, mass, attrs, overwrite=overwrite, key=path_key)
     no_box = np.zeros(3)
     t0 = _time.monotonic()
     last_good = f"{path} (no frame written)"
 
-    def write(step, host, obs):
+    def frame(step, dstate, obs, e0):
         nonlocal last_good
+        host = eng.fetch(dstate)
         try:
             writer.append(step, step * dt, host.pos, box=no_box, velocity=host.vel, observables=obs)
         except (OSError, RuntimeError) as err:  # disk full, I/O error (h5py: RuntimeError)
             raise write_error(err, path, step, last_good) from None
         last_good = f"{path} (frames up to step {step})"
+        if save_checkpoints:  # after the frame: a kill in between drops that frame
+            state = particle_checkpoint.nbody_state_to_checkpoint(host, step)
+            state["energy_initial"] = np.float64(e0)
+            checkpoint.save(checkpoint.checkpoint_path(path), state, step, config_text, name)
 
     with status_on_exit(writer):
         with signals.deferred() as stop:
-            dstate = eng.init(pos, vel, mass, params)
+            if ck is None:
+                dstate = eng.init(pos, vel, mass, params)
+                step = 0
+            else:
+                dstate, step = eng.place(ck_state), ck_step
+                last_good = f"{path} (frames up to step {step})"
             obs = _observable_values(eng.observables(dstate, params))
-            _check_finite(obs, 0, None, 0)
-            e0 = float(obs["total_energy"])
-            max_de = 0.0
+            _check_finite(obs, step, None, step)
+            e0 = float(ck["energy_initial"]) if ck is not None else float(obs["total_energy"])
+            max_de = abs(float(obs["total_energy"]) / e0 - 1.0)
             max_p = float(np.abs(obs["momentum"]).max())
-            write(0, eng.fetch(dstate), obs)
-            step = 0
+            if ck is None:
+                frame(0, dstate, obs, e0)
+            first = step
             with Progress(n_steps, enabled=progress, desc="nbody") as bar:
+                bar.update(first)
                 while step < n_steps:
                     stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
                     chunk = min(every - step % every, n_steps - step)
@@ -301,7 +340,7 @@ def run_config(
                     max_de = max(max_de, abs(float(obs["total_energy"]) / e0 - 1.0))
                     max_p = max(max_p, float(np.abs(obs["momentum"]).max()))
                     if step % every == 0 or step == n_steps:
-                        write(step, eng.fetch(dstate), obs)
+                        frame(step, dstate, obs, e0)
                     bar.update(chunk, dE=f"{max_de:.1e}")
             set_status_or_fail(writer, "completed", path, step, last_good)
     wall = _time.monotonic() - t0
@@ -319,7 +358,10 @@ def run_config(
         "energy_max_rel_error": max_de,
         "momentum_max_abs": max_p,
         "wall_s": wall,
-        "pair_interactions_per_s": float(n) * n * n_steps / wall if wall > 0 else math.nan,
+        "resumed_from": first if ck is not None else None,
+        "pair_interactions_per_s": float(n) * n * (n_steps - first) / wall
+        if wall > 0
+        else math.nan,
         "peak_memory_mib": peak_memory_mib(),
     }
 

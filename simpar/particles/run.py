@@ -41,11 +41,18 @@ Config layout (every key optional unless marked; defaults in brackets)::
     path = "data/runs/lj.h5md"
     velocity = true
     force = false
+    checkpoint = true            # write <path>.ckpt with each frame (for --resume)
     [parallel]
     engine = "single"            # "single" | "sharded"
     mesh = [8]                   # sharded: devices on the 1-D particle mesh [all]
 
 Everything is validated before the output file is created.
+
+Restart: with each frame the complete state (``simpar.particles.checkpoint``) is written
+atomically to ``<path>.ckpt``; ``run_config(..., resume=True)`` (``simpar run --resume``)
+continues from it, appending to the same H5MD file, bit for bit equal to an uninterrupted
+run on the same engine and mesh (to round-off on another one). ``system.init = "h5md"``
+instead starts a new run from a saved frame: see ``simpar.io.h5md`` for its tolerance.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ import numpy as np
 from simpar import signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
-from simpar.io import h5md
+from simpar.io import checkpoint, h5md
 from simpar.io.files import (
     check_output_path,
     set_status_or_fail,
@@ -74,6 +81,7 @@ from simpar.io.meta import run_metadata
 from simpar.memory import check_fits, peak_memory_mib
 from simpar.parallel import distributed
 from simpar.parallel.particles import shard_particles
+from simpar.particles import checkpoint as particle_checkpoint
 from simpar.particles import lattice, md, observables, potentials, space
 from simpar.progress import Progress
 
@@ -160,6 +168,7 @@ def _read(data: dict, engine, mesh, steps, out):
         raise ConfigError(key, f"must end in .h5md (MDAnalysis needs it), got {cfg['path']!r}")
     cfg["write_velocity"] = o.get("velocity", True, kind=bool)
     cfg["write_force"] = o.get("force", False, kind=bool)
+    cfg["checkpoint"] = o.get("checkpoint", True, kind=bool)
 
     par = root.section("parallel")
     eng = par.get("engine", "single", kind=str)
@@ -328,6 +337,7 @@ def run_config(
     out: str | None,
     progress: bool = True,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> dict:
     """Run an LJ/Morse MD config and write an H5MD trajectory.
 
@@ -340,6 +350,9 @@ def run_config(
       out: overrides ``output.path``.
       progress: show a progress bar / log lines and the thermo lines.
       overwrite: replace an existing output file (else ``ConfigError`` on ``--out``).
+      resume: continue from ``<out>.ckpt`` up to ``steps`` steps after the run's first
+        step, appending to the output (only ``time.steps`` may differ from the original
+        config). ``thermo0`` and ``energy_drift`` then refer to the resumed state.
 
     Returns:
       Summary dict: ``path``, ``steps``, ``n_atoms``, ``engine``, ``mesh``, ``dtype``,
@@ -363,7 +376,10 @@ def run_config(
         # a top-level entry point: float64 runs need 64-bit JAX (float32 runs stay
         # float32 either way, every array has an explicit dtype)
         jax.config.update("jax_enable_x64", True)
-    if Path(cfg["path"]).exists() and not overwrite:
+    ck = None
+    if resume:
+        ck, ck_step = checkpoint.load_for_resume(cfg["path"], config_text, "lj")
+    elif Path(cfg["path"]).exists() and not overwrite:
         raise ConfigError(
             "--out",
             f"output file {cfg['path']} exists; pass --overwrite to replace it or choose "
@@ -372,6 +388,14 @@ def run_config(
     _check_memory(cfg)
     r, v, box, step0, key = _initial(cfg)
     _check_geometry(cfg, box)
+    if ck is not None:
+        step0 = int(ck.get("start_step", step0))
+        if ck_step >= step0 + cfg["steps"]:
+            raise ConfigError(
+                "--steps", f"the checkpoint is at step {ck_step}; ask for more steps to resume"
+            )
+        if ck.get("position", r).shape != r.shape:
+            raise ConfigError("--resume", "the checkpoint holds another number of atoms")
     dtype = jnp.dtype(cfg["dtype"])
     n = r.shape[0]
     ndev = cfg["mesh"][0]
@@ -393,12 +417,20 @@ def run_config(
     placement = None
     if cfg["engine"] == "sharded":
         placement = lambda tree: shard_particles(tree, ndev, cap)  # noqa: E731
-    sim = md.make_simulation(
-        spc, pot, r, v, mass=cfg["mass"], valid=valid, key=key, dt=cfg["dt"],
-        ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"], skin=cfg["skin"],
-        step=step0, max_neighbors=cfg["max_neighbors"],
-        capacity_factor=cfg["capacity_factor"], placement=placement,
-    )  # fmt: skip
+    layout = particle_checkpoint.layout_name(cfg["engine"], cfg["mesh"], cap)
+    if ck is not None:
+        sim = particle_checkpoint.lj_sim_from_checkpoint(
+            ck, spc, pot, ensemble=cfg["ensemble"], dt=cfg["dt"], kt=cfg["kt"],
+            gamma=cfg["gamma"], capacity=cap, layout=layout,
+            capacity_factor=cfg["capacity_factor"], placement=placement,
+        )  # fmt: skip
+    else:
+        sim = md.make_simulation(
+            spc, pot, r, v, mass=cfg["mass"], valid=valid, key=key, dt=cfg["dt"],
+            ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"], skin=cfg["skin"],
+            step=step0, max_neighbors=cfg["max_neighbors"],
+            capacity_factor=cfg["capacity_factor"], placement=placement,
+        )  # fmt: skip
     th0 = sim.thermo()
     if not all(math.isfinite(x) for x in th0.values()):
         raise SimulationError(step0, "non-finite energy in the initial state",
@@ -435,27 +467,41 @@ def run_config(
         except (OSError, RuntimeError) as err:  # disk full, I/O error (h5py: RuntimeError)
             raise write_error(err, path, int(s.step), last_good[0]) from None
         last_good[0] = f"{path} (frames up to step {int(s.step)})"
+        if cfg["checkpoint"]:  # after the frame: a kill in between drops that frame
+            state = particle_checkpoint.lj_state_to_checkpoint(sim, n, layout, step0, host)
+            if main:
+                checkpoint.save(
+                    checkpoint.checkpoint_path(path), state, int(s.step), config_text, "lj"
+                )
 
     t0 = time.perf_counter()
-    done = 0
+    done = first = 0 if ck is None else int(sim.state.step) - step0
     th = th0
     signals.check()  # stopped during set-up or compilation: no output is created
-    writer_cls = h5md.H5MDWriter if main else distributed.NoWriter
-    writer = writer_cls(
-        path, n, boundary=boundary, dtype=cfg["dtype"], velocity=cfg["write_velocity"],
-        force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
-        mass=np.full(n, cfg["mass"]), attrs=attrs, overwrite=overwrite, key=cfg["path_key"],
-    )  # fmt: skip
+    if not main:
+        writer = distributed.NoWriter()
+    elif ck is not None:
+        writer = h5md.H5MDWriter.open_existing(path, step=step0 + done)
+        last_good[0] = f"{path} (frames up to step {step0 + done})"
+    else:
+        writer = h5md.H5MDWriter(
+            path, n, boundary=boundary, dtype=cfg["dtype"], velocity=cfg["write_velocity"],
+            force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
+            mass=np.full(n, cfg["mass"]), attrs=attrs, overwrite=overwrite, key=cfg["path_key"],
+        )  # fmt: skip
     with status_on_exit(writer):
         with (
             signals.deferred() as stop,
             Progress(cfg["steps"], enabled=progress, desc=cfg["name"]) as bar,
         ):
             writer.set_status("running")
-            frame(writer, th0)
+            if ck is None:
+                frame(writer, th0)
+            bar.update(done)
             while done < cfg["steps"]:
                 stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
-                k = min(cfg["every"], cfg["steps"] - done)
+                # frames at step0 + multiples of output.every (also after a resume)
+                k = min(cfg["every"] - done % cfg["every"], cfg["steps"] - done)
                 try:
                     sim.advance(k)
                 except RuntimeError as err:
@@ -489,11 +535,12 @@ def run_config(
         "mesh": list(cfg["mesh"]),
         "dtype": cfg["dtype"],
         "wall_s": wall,
-        "atom_steps_per_s": n * cfg["steps"] / wall if wall > 0 else float("nan"),
+        "atom_steps_per_s": n * (cfg["steps"] - first) / wall if wall > 0 else float("nan"),
         "thermo0": th0,
         "thermo": th,
         "energy_drift": th["total_energy"] - th0["total_energy"],
         "regrows": sim.regrows,
+        "resumed_from": step0 + first if resume else None,
         "neighbor_builds": int(sim.nbrs.n_builds),
         "peak_memory_mib": peak_memory_mib(),
     }
