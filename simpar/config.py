@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -225,6 +226,13 @@ def _check_finite(data: Any, prefix: str = "") -> None:
             _check_finite(v, key)
 
 
+def _key(key: str) -> str:
+    """A TOML key: bare when it can be, else quoted (``"physics.diffusivity"`` stays one key)."""
+    if re.fullmatch(r"[A-Za-z0-9_-]+", key):
+        return key
+    return _toml_value(str(key))
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -235,13 +243,13 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
 def dumps(data: dict, prefix: str = "") -> str:
     """Write a (nested) table as TOML text; round-trips through ``tomllib``."""
-    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    scalars = [f"{_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
     parts = []
     if prefix and (scalars or not any(isinstance(v, dict) for v in data.values())):
         parts.append(f"[{prefix}]")
@@ -249,6 +257,6 @@ def dumps(data: dict, prefix: str = "") -> str:
     text = "\n".join(parts)
     for key, value in data.items():
         if isinstance(value, dict):
-            sub = dumps(value, f"{prefix}.{key}" if prefix else key)
+            sub = dumps(value, f"{prefix}.{_key(key)}" if prefix else _key(key))
             text = f"{text}\n\n{sub}" if text else sub
     return text
