@@ -67,10 +67,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar import signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import checkpoint, h5md
+from simpar.io.files import (
+    check_output_path,
+    set_status_or_fail,
+    status_on_exit,
+    write_error,
+)
 from simpar.io.meta import run_metadata
+from simpar.memory import check_fits, peak_memory_mib
 from simpar.parallel import distributed
 from simpar.parallel.particles import shard_particles
 from simpar.particles import checkpoint as particle_checkpoint
@@ -105,12 +113,11 @@ def _read(data: dict, engine, mesh, steps, out):
             raise ConfigError("system.file", f"H5MD file {path!r} not found")
         try:
             cfg["restart"] = h5md.read_frame(path, cfg["frame"])
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
             msg = f"cannot read a state from {path!r}: {err}"
             raise ConfigError("system.file", msg) from None
         fr = cfg["restart"]
-        if fr["velocity"] is None:
-            raise ConfigError("system.file", f"{path!r} has no velocities to continue from")
+        _check_restart(path, fr)
         bnd = fr["boundary"]
         default_b = "none" if all(b == "none" for b in bnd) else "periodic"
         cfg["boundary"] = sysc.get("boundary", default_b, kind=str, choices=("periodic", "none"))
@@ -155,8 +162,9 @@ def _read(data: dict, engine, mesh, steps, out):
     cfg["every"] = o.get("every", max(min(n_steps, 100), 1), kind=int, min=1)
     path = o.get("path", f"data/runs/{cfg['name']}.h5md", kind=str)
     cfg["path"] = out if out is not None else path
+    key = cfg["path_key"] = "--out" if out is not None else "output.path"
+    check_output_path(cfg["path"], key)
     if not cfg["path"].endswith(".h5md"):
-        key = "--out" if out is not None else "output.path"
         raise ConfigError(key, f"must end in .h5md (MDAnalysis needs it), got {cfg['path']!r}")
     cfg["write_velocity"] = o.get("velocity", True, kind=bool)
     cfg["write_force"] = o.get("force", False, kind=bool)
@@ -189,6 +197,63 @@ def _read(data: dict, engine, mesh, steps, out):
     return cfg
 
 
+def _check_restart(path: str, fr: dict) -> None:
+    """Refuse an H5MD state that cannot start a run, naming the dataset at fault."""
+    traj = "/particles/trajectory"
+    pos = np.asarray(fr["position"])
+    if pos.ndim != 2 or pos.shape[1] != 3 or pos.shape[0] < 2:
+        raise ConfigError(
+            "system.file",
+            f"{path!r}: {traj}/position/value has frames of shape {pos.shape}; "
+            "expected (N, 3) with N >= 2",
+        )
+    if pos.dtype.kind != "f" or not np.all(np.isfinite(pos)):
+        raise ConfigError(
+            "system.file", f"{path!r}: {traj}/position/value holds non-finite or non-float values"
+        )
+    vel = fr["velocity"]
+    if vel is None:
+        raise ConfigError(
+            "system.file", f"{path!r} has no velocities to continue from ({traj}/velocity)"
+        )
+    vel = np.asarray(vel)
+    if vel.shape != pos.shape or vel.dtype.kind != "f" or not np.all(np.isfinite(vel)):
+        raise ConfigError(
+            "system.file",
+            f"{path!r}: {traj}/velocity/value must be finite floats of shape {pos.shape} "
+            f"like the positions, got {vel.dtype} {vel.shape}",
+        )
+    box = fr["box"]
+    if box is not None:
+        box = np.asarray(box)
+        edges = np.diag(box) if box.ndim == 2 else box
+        if edges.shape != (3,) or not np.all(np.isfinite(edges)) or np.any(edges < 0):
+            raise ConfigError(
+                "system.file",
+                f"{path!r}: {traj}/box/edges must be 3 finite edge lengths >= 0, got "
+                f"{np.asarray(box).tolist()}",
+            )
+        if all(b == "periodic" for b in fr["boundary"]) and np.any(edges <= 0):
+            raise ConfigError(
+                "system.file",
+                f"{path!r}: {traj}/box/edges has a zero edge {edges.tolist()} for a periodic box",
+            )
+        fr["box"] = edges
+    mass = fr.get("mass")
+    if mass is not None:
+        mass = np.asarray(mass)
+        if mass.shape != (pos.shape[0],) or not np.all(np.isfinite(mass)) or np.any(mass <= 0):
+            raise ConfigError(
+                "system.file",
+                f"{path!r}: {traj}/mass must hold {pos.shape[0]} finite masses > 0",
+            )
+    key = fr.get("rng_key")
+    if key is not None and np.asarray(key).shape != (2,):
+        raise ConfigError(
+            "system.file", f"{path!r}: /parameters/rng_key/value frames must have shape (2,)"
+        )
+
+
 def _initial(cfg):
     """Positions, velocities, box, step, key from the config (host arrays)."""
     dtype = jnp.dtype(cfg["dtype"])
@@ -209,6 +274,30 @@ def _initial(cfg):
         box = np.maximum(span, 1.0)
     key = fr["rng_key"]
     return r, np.asarray(fr["velocity"], dtype), np.asarray(box, dtype), fr["step"], key
+
+
+def _check_memory(cfg) -> None:
+    """Refuse a run that cannot fit, before the lattice or neighbour lists are allocated."""
+    if cfg["init"] == "lattice":
+        n = (4 if cfg["lattice"] == "fcc" else 1) * math.prod(cfg["cells"])
+        density = cfg["density"]
+    else:
+        n = cfg["restart"]["position"].shape[0]
+        density = 1.0  # dense liquid; the file's box may be open
+    reach = cfg["cutoff"] + cfg["skin"]
+    neighbours = cfg["max_neighbors"] or max(
+        16, int(density * 4.19 * reach**3 * cfg["capacity_factor"] * 1.5)
+    )
+    item = np.dtype(cfg["dtype"]).itemsize
+    # per atom ~ 16 vectors (state, forces, reference positions, host copies); per
+    # neighbour slot an index and its displacement, distance and pair terms
+    needed = n * (16 * 3 * item) + n * neighbours * (4 + 6 * item) + (256 << 20)
+    check_fits(
+        needed,
+        "system.cells" if cfg["init"] == "lattice" else "system.file",
+        f"{n} atoms with about {neighbours} neighbour slots each",
+        "use fewer atoms (system.cells) or more processes (--num-processes)",
+    )
 
 
 def _check_geometry(cfg, box):
@@ -296,6 +385,7 @@ def run_config(
             f"output file {cfg['path']} exists; pass --overwrite to replace it or choose "
             "another --out",
         )
+    _check_memory(cfg)
     r, v, box, step0, key = _initial(cfg)
     _check_geometry(cfg, box)
     if ck is not None:
@@ -359,20 +449,24 @@ def run_config(
                  noise_seed=np.int64(cfg["noise_seed"]))  # fmt: skip
     path = cfg["path"]
     distributed.barrier("simpar: input validated")  # every process checked before 0 writes
-    if main:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
     boundary = [cfg["boundary"]] * 3
     host = distributed.to_host  # a collective in multi-process runs: every process calls it
+
+    last_good = [f"{path} (no frame written)"]
 
     def frame(writer, th):
         s = sim.state
         position = host(s.position)[:n]
         velocity = host(s.velocity)[:n] if cfg["write_velocity"] else None
         force = host(s.force)[:n] if cfg["write_force"] else None
-        writer.append(  # distributed.NoWriter on processes other than 0
-            int(s.step), float(s.step) * cfg["dt"], position, box=np.asarray(box),
-            velocity=velocity, force=force, observables=th, rng_key=host(s.key),
-        )  # fmt: skip
+        try:
+            writer.append(  # distributed.NoWriter on processes other than 0
+                int(s.step), float(s.step) * cfg["dt"], position, box=np.asarray(box),
+                velocity=velocity, force=force, observables=th, rng_key=host(s.key),
+            )  # fmt: skip
+        except (OSError, RuntimeError) as err:  # disk full, I/O error (h5py: RuntimeError)
+            raise write_error(err, path, int(s.step), last_good[0]) from None
+        last_good[0] = f"{path} (frames up to step {int(s.step)})"
         if cfg["checkpoint"]:  # after the frame: a kill in between drops that frame
             state = particle_checkpoint.lj_state_to_checkpoint(sim, n, layout, step0, host)
             if main:
@@ -387,39 +481,47 @@ def run_config(
         writer = distributed.NoWriter()
     elif ck is not None:
         writer = h5md.H5MDWriter.open_existing(path, step=step0 + done)
+        last_good[0] = f"{path} (frames up to step {step0 + done})"
     else:
         writer = h5md.H5MDWriter(
             path, n, boundary=boundary, dtype=cfg["dtype"], velocity=cfg["write_velocity"],
             force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
-            mass=np.full(n, cfg["mass"]), attrs=attrs,
+            mass=np.full(n, cfg["mass"]), attrs=attrs, overwrite=overwrite, key=cfg["path_key"],
         )  # fmt: skip
-    with writer, Progress(cfg["steps"], enabled=progress, desc=cfg["name"]) as bar:
-        if ck is None:
-            frame(writer, th0)
-        bar.update(done)
-        while done < cfg["steps"]:
-            # frames at step0 + multiples of output.every (also after a resume)
-            k = min(cfg["every"] - done % cfg["every"], cfg["steps"] - done)
-            try:
-                sim.advance(k)
-            except RuntimeError as err:
-                raise SimulationError(
-                    step0 + done,
-                    f"neighbour list overflow could not be repaired ({err})",
-                    "raise neighbors.max_neighbors or check for collapsing particles",
-                    f"{path} (frame {writer.frames - 1})",
-                ) from None
-            done += k
-            th = sim.thermo()
-            problem = _blown_up(sim, th, cfg["dt"])
-            if problem:
-                raise SimulationError(
-                    step0 + done, problem,
-                    "reduce time.dt (or check the potential and initial state)",
-                    f"{path} (frame {writer.frames - 1})",
-                )  # fmt: skip
-            frame(writer, th)
-            bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
+    with status_on_exit(writer):
+        with (
+            signals.deferred() as stop,
+            Progress(cfg["steps"], enabled=progress, desc=cfg["name"]) as bar,
+        ):
+            writer.set_status("running")
+            if ck is None:
+                frame(writer, th0)
+            bar.update(done)
+            while done < cfg["steps"]:
+                stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
+                # frames at step0 + multiples of output.every (also after a resume)
+                k = min(cfg["every"] - done % cfg["every"], cfg["steps"] - done)
+                try:
+                    sim.advance(k)
+                except RuntimeError as err:
+                    raise SimulationError(
+                        step0 + done,
+                        f"neighbour list overflow could not be repaired ({err})",
+                        "raise neighbors.max_neighbors or check for collapsing particles",
+                        last_good[0],
+                    ) from None
+                done += k
+                th = sim.thermo()
+                problem = _blown_up(sim, th, cfg["dt"])
+                if problem:
+                    raise SimulationError(
+                        step0 + done, problem,
+                        "reduce time.dt (or check the potential and initial state)",
+                        last_good[0],
+                    )  # fmt: skip
+                frame(writer, th)
+                bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
+            set_status_or_fail(writer, "complete", path, step0 + done, last_good[0])
     wall = time.perf_counter() - t0
     if progress:
         print(observables.format_thermo(step0 + done, th), flush=True)
@@ -439,4 +541,5 @@ def run_config(
         "regrows": sim.regrows,
         "resumed_from": step0 + first if resume else None,
         "neighbor_builds": int(sim.nbrs.n_builds),
+        "peak_memory_mib": peak_memory_mib(),
     }
