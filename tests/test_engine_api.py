@@ -38,7 +38,10 @@ def test_reused_state_gives_the_same_result_twice(engine, mesh):
     second = e.gather(e.advance(st, params, 5))["u"]  # the same placed state again
     np.testing.assert_array_equal(first, second)
     np.testing.assert_array_equal(e.gather(st)["u"], u0)  # the input is untouched
-    # asked for, donation consumes the input (the driver's memory saving)
+    if engine != "pmap":
+        return
+    # asked for, donation consumes the input (the driver's memory saving; one engine is
+    # enough to show the flag reaches the compiled program)
     out = e.advance(st, params, 5, donate=True)
     assert st["u"].is_deleted()
     np.testing.assert_array_equal(e.gather(out)["u"], first)
