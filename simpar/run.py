@@ -18,15 +18,16 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 
 from simpar import config as cfgmod
-from simpar import ensemble
+from simpar import ensemble, signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.grid.model import GridSetup
+from simpar.io.files import check_output_path, final_status, write_error
+from simpar.memory import peak_memory_mib
 from simpar.parallel import distributed
 from simpar.parallel.engines import ENGINES, make_engine
 from simpar.parallel.ensemble import make_ensemble_engine
@@ -97,14 +98,10 @@ def run_config(
                 f"multi-process runs support the grid models and lj; {name!r} runs in one "
                 "process (use --devices and a mesh on one host)",
             )
-        if resume:
-            raise ConfigError(
-                "--resume", f"restart is available for grid models; not yet for {name!r}"
-            )
         if show_layout:
             raise ConfigError("--show-layout", f"grid models only; not {name!r}")
         module = importlib.import_module(PARTICLE_MODELS[name])
-        return module.run_config(data, config_text, **options)
+        return module.run_config(data, config_text, resume=resume, **options)
     return run_grid(data, config_text, resume=resume, show_layout=show_layout, **options)
 
 
@@ -118,12 +115,38 @@ def _parallel_settings(cfg: Section, engine, mesh):
     return engine, mesh, halo
 
 
-def _without_steps(text: str) -> dict:
-    import tomllib
+# state arrays per cell of each grid model (LBM: populations + the uint8 wall flag)
+_STATE_FIELDS = {"heat": 1, "wave": 2, "advection": (3, 4), "gray_scott": 2, "lbm": (9.25, 19.25)}
 
-    data = tomllib.loads(text)
-    data.get("time", {}).pop("steps", None)
-    return data
+
+def _check_grid_memory(cfg: Section, data: dict) -> None:
+    """Refuse a grid run that cannot fit in memory, before anything is allocated.
+
+    The estimate counts the state on the devices twice (input and output of a chunk), plus
+    halos, the host copy gathered for each output frame and the frame's transposed copy:
+    about ``4.2 x`` the state (on CPU every device shares the host's memory).
+    """
+    try:
+        g = data["grid"]
+        shape = [int(n) for n in g["shape"]]
+        itemsize = 8 if g.get("dtype", "float32") == "float64" else 4
+        fields = _STATE_FIELDS[data["model"]["name"]]
+    except (KeyError, TypeError, ValueError):
+        return  # malformed: the model's validation names the key
+    if not 2 <= len(shape) <= 3 or min(shape) < 1:
+        return
+    if isinstance(fields, tuple):
+        fields = fields[len(shape) - 2]
+    state = math.prod(shape) * itemsize * fields
+    from simpar.memory import check_fits
+
+    check_fits(
+        int(4.2 * state) + (256 << 20),
+        cfg.section("grid").key("shape"),
+        f"{fields:g} fields of {' x '.join(map(str, shape))} x {itemsize} bytes: state "
+        f"{state / 2**30:.3g} GiB, twice on the devices, plus halos and output frames",
+        "reduce grid.shape or run across more processes (--num-processes)",
+    )
 
 
 def run_grid(
@@ -144,6 +167,7 @@ def run_grid(
     from simpar.io.netcdf import GridWriter
 
     cfg = Section(data)
+    _check_grid_memory(cfg, data)  # before the set-up allocates the initial state
     setup = grid_setup(cfg)
     model, domain = setup.model, setup.domain
     ens = ensemble.from_config(cfg, data, grid_setup)  # None without [ensemble]
@@ -155,7 +179,8 @@ def run_grid(
     o = cfg.section("output")
     every = o.get("every", max(n_steps // 10, 1), kind=int, min=1)
     cfg_path = o.get("path", f"data/runs/{model.name}.nc", kind=str)
-    path = Path(out or cfg_path)
+    path_key = "--out" if out is not None else "output.path"
+    path = check_output_path(out if out is not None else cfg_path, path_key)
     save_checkpoints = o.get("checkpoint", True, kind=bool)
     gather_limit = o.get("gather_limit_gib", 16.0, min=0.0, exclusive_min=True)
     engine, mesh, halo = _parallel_settings(cfg, engine, mesh)
@@ -180,15 +205,7 @@ def run_grid(
     )
     start = 0
     if resume:
-        if not path.exists():
-            raise ConfigError("--resume", f"output file {path} does not exist; nothing to resume")
-        ck_state, start, ck_text, ck_model = checkpoint.load(checkpoint.checkpoint_path(path))
-        if ck_model != model.name or _without_steps(ck_text) != _without_steps(config_text):
-            raise ConfigError(
-                "--resume",
-                f"the config differs from the one {path} was started with "
-                "(only time.steps may change on resume)",
-            )
+        ck_state, start = checkpoint.load_for_resume(path, config_text, model.name)
         if start >= n_steps:
             raise ConfigError(
                 "--steps", f"the checkpoint is at step {start}; ask for more steps to resume"
@@ -214,8 +231,6 @@ def run_grid(
 
         print(describe(eng), flush=True)
     distributed.barrier("simpar: input validated")
-    if main:
-        path.parent.mkdir(parents=True, exist_ok=True)
     d = domain.ndim
     names = AXIS_NAMES[:d]
     out_fields = setup.output or {f: (lambda s, f=f: s[f]) for f in model.fields}
@@ -286,8 +301,11 @@ def run_grid(
             attrs=attrs,
             overwrite=overwrite,
             xdmf_min_interval=2.0,
+            key=path_key,
             ensemble=ens.members if ens else None,
         )
+
+    last_good = [f"{path} (no frame written)"]
 
     def frame(step, host_state, obs):
         if not main:
@@ -300,45 +318,59 @@ def run_grid(
         else:
             values = {f: np.transpose(fn(host_state)) for f, fn in out_fields.items()}
         values.update({k: v for k, v in obs.items() if k != "nonfinite"})
-        writer.append(step * setup.dt, step, values)
-        if save_checkpoints:
-            checkpoint.save(
-                checkpoint.checkpoint_path(path), host_state, step, config_text, model.name
-            )
+        try:
+            writer.append(step * setup.dt, step, values)
+            if save_checkpoints:
+                ckpt = checkpoint.checkpoint_path(path)
+                checkpoint.save(ckpt, host_state, step, config_text, model.name)
+        except (OSError, RuntimeError) as err:  # disk full, I/O error (h5py: RuntimeError)
+            raise write_error(err, path, step, last_good[0]) from None
+        last_good[0] = f"{path} (frames up to step {step})"
 
     t0 = time.perf_counter()
     done = start
     cells = math.prod(domain.shape)
     try:
-        writer.set_status("running")
-        if not resume:
-            frame(0, eng.gather(state), obs)
-        with Progress(n_steps, enabled=progress and main, desc=f"{model.name}/{engine}") as bar:
-            bar.update(start)
-            while done < n_steps:
-                chunk = min(every, n_steps - done)
-                state = eng.advance(state, params, chunk, donate=True)
-                obs = eng.observe(state, params)
-                done += chunk
-                if np.sum(obs["nonfinite"]) > 0:
-                    raise SimulationError(
-                        done,
-                        f"{int(np.sum(obs['nonfinite']))} non-finite values in the fields after step {done}",
-                        hint="The scheme is unstable or a parameter is out of range: reduce time.dt "
-                        "or check [physics]",
-                        checkpoint=f"{path} (frames up to step {done - chunk})",
-                    )
-                frame(done, eng.gather(state), obs)
-                bar.update(chunk)
-        writer.set_status("complete")
+        with signals.deferred() as stop:
+            writer.set_status("running")
+            if not resume:
+                frame(0, eng.gather(state), obs)
+            with Progress(n_steps, enabled=progress and main, desc=f"{model.name}/{engine}") as bar:
+                bar.update(start)
+                while done < n_steps:
+                    stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
+                    chunk = min(every, n_steps - done)
+                    state = eng.advance(state, params, chunk, donate=True)
+                    obs = eng.observe(state, params)
+                    done += chunk
+                    if np.sum(obs["nonfinite"]) > 0:
+                        raise SimulationError(
+                            done,
+                            f"{int(np.sum(obs['nonfinite']))} non-finite values in the fields after "
+                            f"step {done}",
+                            hint="The scheme is unstable or a parameter is out of range: "
+                            "reduce time.dt or check [physics]",
+                            checkpoint=f"{path} (frames up to step {done - chunk})",
+                        )
+                    frame(done, eng.gather(state), obs)
+                    bar.update(chunk)
+            if main:
+                try:
+                    writer.flush()  # writes the sidecar: a full disk fails the run here
+                    writer.set_status("complete")
+                except (OSError, RuntimeError) as err:
+                    raise write_error(err, path, done, last_good[0]) from None
     except SimulationError as err:
-        writer.set_status(f"failed: {err}")
+        final_status(writer, f"failed: {err}")
         raise
-    except BaseException:
-        writer.set_status("failed: interrupted")
+    except signals.Interrupted as err:
+        final_status(writer, f"failed: {err.reason}")
+        raise
+    except BaseException as err:
+        final_status(writer, f"failed: {type(err).__name__}: {err}")
         raise
     finally:
-        writer.close()
+        final_status(writer, None)
     wall = time.perf_counter() - t0
     return {
         "path": str(path),
@@ -350,6 +382,7 @@ def run_grid(
         "wall_s": wall,
         "Mcell_updates_per_s": cells * (n_steps - start) / wall / 1e6 if wall > 0 else float("nan"),
         "final": {k: (v.tolist() if np.ndim(v) == len(member) else None) for k, v in obs.items()},
+        "peak_memory_mib": peak_memory_mib(),
     }
 
 

@@ -9,8 +9,9 @@ The same per-block step (``advance_block``) runs under four engines:
 ``shard_map`` ``jax.shard_map`` on a named mesh ``("x", "y"[, "z"])``; ``ppermute`` along one
              mesh axis; row profiles by ``psum`` over a sub-set of the mesh axes.
 ``sharded``  the state is a global ``jax.Array`` with ``NamedSharding`` on an ``Auto`` mesh;
-             the unchanged global-view step is jit-compiled and XLA inserts the
-             communication (collective-permutes for the halo).
+             the step is jit-compiled on the global view of all blocks at once
+             (``BlockedComm``) and XLA inserts the communication: one collective-permute
+             per halo slab, nothing else (``tests/test_sharded_hlo.py``).
 =========== ================================================================================
 
 Each engine jit-compiles a chunk of ``n`` steps (``lax.fori_loop`` over exchanges), keeps the
@@ -44,11 +45,14 @@ from simpar.grid.model import GridModel, Params, State
 from simpar.grid.stencils import crop
 from simpar.parallel.distributed import gather_blocks, to_host
 from simpar.parallel.halo import (
+    BlockedComm,
     LocalComm,
     PmapComm,
     ShardMapComm,
     fill_edges,
+    from_blocks,
     pad,
+    to_blocks,
 )
 from simpar.parallel.topology import DeviceGrid, make_device_grid
 
@@ -210,7 +214,7 @@ class Engine:
         raise NotImplementedError
 
     def _whole_domain_advance(self, n: int):
-        """``advance_block`` on a block that is the whole domain (``single``, ``sharded``)."""
+        """``advance_block`` on a block that is the whole domain (``single``)."""
         comm = LocalComm(self.model.ndim)
         return functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
 
@@ -255,10 +259,14 @@ def _mesh(grid: DeviceGrid, devices) -> Mesh:
 
 
 class ShardedEngine(Engine):
-    """Global ``jax.Array`` with ``NamedSharding``; XLA partitions the unchanged global step.
+    """Global ``jax.Array`` with ``NamedSharding``; XLA partitions a jit-compiled global step.
 
-    The halo width is always the model's radius here (one step per pad): with the global view
-    the compiler, not the user, decides what crosses devices.
+    The step is ``advance_block``, the per-block program of the other engines, applied once to
+    the global view of all blocks: each field is reshaped to ``(*grid.shape, *lead, n_0, ...)``
+    (no data moves: device ``i`` holds block ``i``) and the halo is exchanged by ``BlockedComm``,
+    a shift of the boundary slabs along a grid axis, which XLA compiles into collective-permutes
+    of those slabs. Padding the global field itself (``N + 2w`` cells do not divide over the
+    devices) made XLA re-lay out whole fields every step.
     """
 
     name = "sharded"
@@ -270,6 +278,10 @@ class ShardedEngine(Engine):
     def sharding(self, ndim: int) -> NamedSharding:
         lead = (None,) * (ndim - self.model.ndim)
         return NamedSharding(self.mesh, P(*lead, *self.grid.axis_names))
+
+    def _block_sharding(self, ndim: int) -> NamedSharding:
+        rest = (None,) * (ndim - self.grid.ndim)
+        return NamedSharding(self.mesh, P(*self.grid.axis_names, *rest))
 
     def place(self, state):
         out = {}
@@ -289,14 +301,18 @@ class ShardedEngine(Engine):
         return out
 
     def _compile_advance(self, n, donate=False):
-        f = self._whole_domain_advance(n)
+        g, d = self.grid.shape, self.model.ndim
+        pin = lax.with_sharding_constraint
+        comm = BlockedComm(self.grid, self.mesh)
 
         def step(state, params):
-            out = f(state, params)
+            blocks = {}
+            for k, v in state.items():
+                b = to_blocks(v, g, d)
+                blocks[k] = pin(b, self._block_sharding(b.ndim))
+            out = advance_block(blocks, params, n, model=self.model, comm=comm, w=self.halo)
             # keep the result laid out like the input (no silent resharding between chunks)
-            return {
-                k: lax.with_sharding_constraint(v, self.sharding(v.ndim)) for k, v in out.items()
-            }
+            return {k: pin(from_blocks(v, g, d), self.sharding(v.ndim - d)) for k, v in out.items()}
 
         return jax.jit(step, donate_argnums=0 if donate else ())
 
@@ -359,37 +375,15 @@ class PmapEngine(Engine):
 
     name = "pmap"
 
-    def _blocks(self, u):
-        """Global ``(*lead, N_0, ..., N_{d-1})`` -> ``(n_dev, *lead, n_0, ..., n_{d-1})``.
+    def _blocks(self, u: np.ndarray) -> np.ndarray:
+        """Global ``(*lead, N_0, ..., N_{d-1})`` -> ``(n_dev, *lead, n_0, ..., n_{d-1})``."""
+        b = to_blocks(u, self.grid.shape, self.model.ndim)
+        return b.reshape(self.grid.size, *b.shape[self.grid.ndim :])
 
-        Reshapes and a transpose only: NumPy in, NumPy out; a ``jax.Array`` or tracer in, a
-        traced JAX operation (differentiable, batchable) out.
-        """
-        d, g = self.model.ndim, self.grid.shape
-        lead = u.shape[: u.ndim - d]
-        split = []
-        for N, m in zip(u.shape[u.ndim - d :], g, strict=True):
-            split += [m, N // m]
-        v = u.reshape(*lead, *split)
-        nl = len(lead)
-        order = (
-            [nl + 2 * a for a in range(d)] + list(range(nl)) + [nl + 2 * a + 1 for a in range(d)]
+    def _unblocks(self, b: np.ndarray) -> np.ndarray:
+        return from_blocks(
+            b.reshape(*self.grid.shape, *b.shape[1:]), self.grid.shape, self.model.ndim
         )
-        return v.transpose(order).reshape(
-            self.grid.size, *lead, *(N // m for N, m in zip(u.shape[nl:], g, strict=True))
-        )
-
-    def _unblocks(self, b):
-        """Inverse of :meth:`_blocks` (NumPy or traced, like its input)."""
-        d, g = self.model.ndim, self.grid.shape
-        lead = b.shape[1 : b.ndim - d]
-        nl = len(lead)
-        blk = b.shape[b.ndim - d :]
-        v = b.reshape(*g, *lead, *blk)
-        order = list(range(d, d + nl))
-        for a in range(d):
-            order += [a, d + nl + a]
-        return v.transpose(order).reshape(*lead, *(n * m for n, m in zip(blk, g, strict=True)))
 
     def place(self, state):
         if _traced(state):
@@ -474,10 +468,6 @@ def make_engine(
         raise ConfigError(
             "--engine", f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}"
         )
-    if name == "sharded":
-        # XLA decides how halos move; a width above the radius would only add in-place
-        # boundary refills that the partitioner turns into extra collectives
-        halo = model.radius
     available = list(devices) if devices is not None else jax.devices()
     if mesh is None:
         mesh = (1,) if name == "single" else (len(available),)
