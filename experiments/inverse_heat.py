@@ -13,7 +13,7 @@ only the chunk boundaries and recomputes one chunk at a time in the backward pas
 prints XLA's buffer assignment for the compiled gradient (``memory_analysis()``: temporary
 bytes per device) of a 2,000-step run with and without it.
 
-Run (2 CPU cores; about 20 s, ``--memory`` about 30 s):
+Run (2 CPU cores; measured 26 s CPU for the three engines, ``--memory`` 18 s CPU):
     python experiments/inverse_heat.py                               # shard_map, pmap, sharded
     python experiments/inverse_heat.py --engines single --devices 1
     python experiments/inverse_heat.py --memory --steps 2000 --chunk 50

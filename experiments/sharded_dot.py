@@ -7,7 +7,7 @@ with ``PartitionSpec("rows")``. The unchanged vmapped function is jit-compiled a
 device's rows where they live: the result equals the unsharded one and is itself sharded by
 rows (no gather). The layouts are printed with ``jax.debug.visualize_array_sharding``.
 
-Run (a second on 2 CPU cores; ``rich`` is needed for the pictures, ``pip install rich``):
+Run (3 s CPU on 2 cores; ``rich`` is needed for the pictures, ``pip install rich``):
     python experiments/sharded_dot.py                 # 8 virtual CPU devices
     python experiments/sharded_dot.py --devices 4 --rows 16 --n 1000
 On N accelerators pass ``--devices N`` equal to the number of devices you have.

@@ -18,7 +18,7 @@ Both equal a one-device step on the whole batch after 20 steps to round-off (tes
 script trains on the first 2/3 of the frames and reports the error of a rollout (the network
 applied to its own output) on the held-out last third against the simulation.
 
-Run (2 CPU cores, about a minute; needs optax: ``pip install 'simpar[ml]'``):
+Run (2 CPU cores, measured 35 s CPU for 600 steps; needs optax: ``pip install "simpar[ml]"``):
     python experiments/train_surrogate.py                    # 8 virtual CPU devices
     python experiments/train_surrogate.py --steps 2000 --version pmap
 On N accelerators pass ``--devices N`` equal to the number of devices you have.

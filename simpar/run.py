@@ -331,7 +331,7 @@ def run_grid(
 
     t0 = time.perf_counter()
     done = start
-    cells = math.prod(domain.shape)
+    cells = math.prod(domain.shape) * (ens.members if ens else 1)
     try:
         with signals.deferred() as stop:
             writer.set_status("running")

@@ -56,8 +56,7 @@ def test_ensemble_file_has_an_ensemble_dimension_and_members_equal_runs_alone(tm
     run_file(
         "experiments/heat_ensemble.toml",
         small,
-        engine="pmap",
-        mesh=(2,),
+        engine="single",
         steps=20,
         out=str(path),
         progress=False,
@@ -66,7 +65,8 @@ def test_ensemble_file_has_an_ensemble_dimension_and_members_equal_runs_alone(tm
     assert ds.u.dims == ("time", "ensemble", "y", "x") and ds.sizes["ensemble"] == 4
     assert ds.u_sum.dims == ("time", "ensemble") and ds.u_profile.dims == ("time", "ensemble", "y")
     assert ds.attrs["ensemble_members"] == 4 and ds.attrs["run_status"] == "complete"
-    # (the engine test above checks all 4 members; here the first and the last, via files)
+    # (the engine test above checks all 4 members on every engine; here the driver and the
+    # file, on single, for the first and the last member)
     for m, d, seed in ((0, 0.5, 1), (3, 2.0, 4)):
         one = tmp_path / f"alone{m}.nc"
         data, _ = cfgmod.load(
@@ -74,7 +74,7 @@ def test_ensemble_file_has_an_ensemble_dimension_and_members_equal_runs_alone(tm
             [*small, f"physics.diffusivity={d}", f"initial.seed={seed}"],
         )
         data.pop("ensemble")
-        run_config(data, "", engine="pmap", mesh=(2,), steps=20, out=str(one), progress=False)
+        run_config(data, "", engine="single", steps=20, out=str(one), progress=False)
         ref = xr.open_dataset(one, engine="h5netcdf")
         assert "ensemble" not in ref.dims
         assert_same_field(ds.u.isel(ensemble=m).values, ref.u.values, f"member {m}")
