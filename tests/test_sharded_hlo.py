@@ -127,6 +127,28 @@ def test_sharded_step_moves_only_halo_slabs(kind, bcs, shape, mesh, w):
     assert sum(c.elements for c in found) <= 2 * split * len(state) * bound
 
 
+@pytest.mark.parametrize(
+    "kind,bcs,mesh",
+    [("wave", (MIX, PER), (2, 4)), ("wave", (PER, DIR), (1, 8))],
+    ids=["wave-2x4", "wave-1x8"],
+)
+def test_sharded_diagnostics_move_only_halo_slabs_and_equal_single(kind, bcs, mesh):
+    """Diagnostics whose model sums read the halo (the wave energy's Laplacian) pad the blocks
+    like a step; field sums and profiles reduce with all-reduces of at most a block face."""
+    from simpar.testing import run_engine
+
+    model, state, params = _setup(kind, bcs, S2)
+    e = make_engine("sharded", model, S2, mesh, 1)
+    found = collectives(e._compile_observe().lower(e.place(state), params).compile().as_text())
+    assert {c.op for c in found} <= {"collective-permute", "all-reduce"}
+    assert all(c.largest <= _face_bound(S2, mesh, 1) for c in found)
+    _, ref = run_engine("single", model, state, params, 3)
+    _, got = run_engine("sharded", model, state, params, 3, mesh, 1)
+    assert set(got) == set(ref)
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-12, atol=1e-14, err_msg=k)
+
+
 # --------------------------------------------------------------------------------------------
 # parallel.halo: validated and honoured like on the per-block engines
 # --------------------------------------------------------------------------------------------
