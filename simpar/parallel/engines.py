@@ -219,8 +219,8 @@ class ShardedEngine(Engine):
     The step is ``advance_block``, the per-block program of the other engines, applied once to
     the global view of all blocks: each field is reshaped to ``(*grid.shape, *lead, n_0, ...)``
     (no data moves: device ``i`` holds block ``i``) and the halo is exchanged by ``BlockedComm``,
-    a shift of the boundary slabs along a grid axis, which XLA compiles into collective-permutes
-    of those slabs. Padding the global field itself (``N + 2w`` cells do not divide over the
+    a roll of the boundary slabs along a grid axis, which XLA compiles into collective-permutes
+    of those slabs; the code has no explicit collective. Padding the global field itself (``N + 2w`` cells do not divide over the
     devices) made XLA re-lay out whole fields every step.
     """
 
@@ -251,7 +251,7 @@ class ShardedEngine(Engine):
     def _compile_advance(self, n):
         g, d = self.grid.shape, self.model.ndim
         pin = lax.with_sharding_constraint
-        comm = BlockedComm(self.grid, self.mesh)
+        comm = BlockedComm(self.grid)
 
         def step(state, params):
             blocks = {}
@@ -276,7 +276,7 @@ class ShardedEngine(Engine):
         )
         if model.local_sums is None:
             return jax.jit(fields)
-        comm = BlockedComm(self.grid, self.mesh)
+        comm = BlockedComm(self.grid)
         g, d = self.grid.shape, model.ndim
 
         def run(state, params):
