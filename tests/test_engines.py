@@ -107,7 +107,7 @@ def test_chunks_compile_once_and_state_stays_on_devices():
     st = e.place(state)
     st = e.advance(st, params, 4)
     st = e.advance(st, params, 4)
-    assert list(e._advance) == [4]  # one compiled chunk program reused
+    assert list(e._advance) == [(4, False)]  # one compiled chunk program reused
     assert len(st["u"].sharding.device_set) == 8
     ref, _ = run_engine("single", model, state, params, 8)
     np.testing.assert_array_equal(e.gather(st)["u"], ref["u"])
