@@ -66,14 +66,15 @@ def _setup(kind, bcs, shape):
 
 S2, S3 = (32, 32), (8, 8, 8)
 MESHES_2D = [(8,), (1, 8), (8, 1), (2, 4), (4, 2)]
+MESHES_4 = [(8,), (1, 8), (2, 4), (4, 2)]  # (8, 1) is the grid of (8,)
 # (model, boundary conditions per axis, grid shape, meshes, halo width); every boundary kind
 # sits on a split axis on some mesh and on an unsplit one on another
 CASES = [
     ("heat5", (PER, PER), S2, MESHES_2D, 1),
     ("heat5", (MIX, PER), S2, MESHES_2D, 1),
-    ("heat5", (PER, DIR), S2, MESHES_2D, 1),
+    ("heat5", (PER, DIR), S2, MESHES_4, 1),
     ("heat5", (DIR, NEU), S2, [(8,), (2, 4)], 2),
-    ("heat9", (MIX, (Neumann(), Dirichlet(1.0))), S2, MESHES_2D, 1),
+    ("heat9", (MIX, (Neumann(), Dirichlet(1.0))), S2, MESHES_4, 1),
     ("wave", (DIR, PER), S2, [(8,), (1, 8), (4, 2)], 1),
     ("wave", (PER, NEU), S2, [(2, 4)], 1),
     ("advection_upwind_uniform", (PER, DIR), S2, [(1, 8), (4, 2)], 1),
@@ -81,8 +82,8 @@ CASES = [
     ("advection_muscl_rotation", (NEU, PER), S2, [(1, 8), (4, 2)], 2),
     ("gray_scott", (NEU, PER), S2, [(8,), (2, 4)], 1),
     ("gray_scott", (PER, PER), S2, [(1, 8)], 1),
-    ("lbm", (LPER, LPER), S2, MESHES_2D, 1),
-    ("lbm", (WALL, LID), S2, MESHES_2D, 1),
+    ("lbm", (LPER, LPER), S2, [(8,), (1, 8), (2, 4)], 1),
+    ("lbm", (WALL, LID), S2, MESHES_4, 1),
     ("lbm", (LPER, WALL), S2, [(2, 4)], 1),
     ("heat5", (MIX, PER, (Neumann(), Dirichlet(1.0))), (16, 16, 8), [(2, 2, 2), (2, 4)], 1),
     ("lbm", (LPER, LPER, LPER), S3, [(2, 2, 2)], 1),
@@ -125,6 +126,28 @@ def test_sharded_step_moves_only_halo_slabs(kind, bcs, shape, mesh, w):
     # per exchange, at most two slabs per split axis and field
     split = sum(m > 1 for m in grid)
     assert sum(c.elements for c in found) <= 2 * split * len(state) * bound
+
+
+@pytest.mark.parametrize(
+    "kind,bcs,mesh",
+    [("wave", (MIX, PER), (2, 4))],
+    ids=["wave-2x4"],
+)
+def test_sharded_diagnostics_move_only_halo_slabs_and_equal_single(kind, bcs, mesh):
+    """Diagnostics whose model sums read the halo (the wave energy's Laplacian) pad the blocks
+    like a step; field sums and profiles reduce with all-reduces of at most a block face."""
+    from simpar.testing import run_engine
+
+    model, state, params = _setup(kind, bcs, S2)
+    e = make_engine("sharded", model, S2, mesh, 1)
+    found = collectives(e._compile_observe().lower(e.place(state), params).compile().as_text())
+    assert {c.op for c in found} <= {"collective-permute", "all-reduce"}
+    assert all(c.largest <= _face_bound(S2, mesh, 1) for c in found)
+    _, ref = run_engine("single", model, state, params, 3)
+    _, got = run_engine("sharded", model, state, params, 3, mesh, 1)
+    assert set(got) == set(ref)
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-12, atol=1e-14, err_msg=k)
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,6 +195,6 @@ def test_sharded_runs_the_configured_halo_and_labels_it(tmp_path):
         args += ["--set", "output.every=7", "--set", "parallel.halo=3"]
         assert main(args + (["--mesh", "2x4"] if engine == "sharded" else [])) == 0
     with h5py.File(files["sharded"]) as f, h5py.File(files["single"]) as g:
-        assert int(f.attrs["halo_width"]) == 3
+        assert np.ravel(f.attrs["halo_width"]).tolist() == [3]
         assert list(f.attrs["device_mesh"]) == [2, 4]
         np.testing.assert_array_equal(f["u"][-1], g["u"][-1])

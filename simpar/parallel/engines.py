@@ -29,6 +29,7 @@ Changing the engine, the mesh, the halo width, the grid shape or ``n`` recompile
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -264,8 +265,8 @@ class ShardedEngine(Engine):
     The step is ``advance_block``, the per-block program of the other engines, applied once to
     the global view of all blocks: each field is reshaped to ``(*grid.shape, *lead, n_0, ...)``
     (no data moves: device ``i`` holds block ``i``) and the halo is exchanged by ``BlockedComm``,
-    a shift of the boundary slabs along a grid axis, which XLA compiles into collective-permutes
-    of those slabs. Padding the global field itself (``N + 2w`` cells do not divide over the
+    a roll of the boundary slabs along a grid axis, which XLA compiles into collective-permutes
+    of those slabs; the code has no explicit collective. Padding the global field itself (``N + 2w`` cells do not divide over the
     devices) made XLA re-lay out whole fields every step.
     """
 
@@ -303,7 +304,7 @@ class ShardedEngine(Engine):
     def _compile_advance(self, n, donate=False):
         g, d = self.grid.shape, self.model.ndim
         pin = lax.with_sharding_constraint
-        comm = BlockedComm(self.grid, self.mesh)
+        comm = BlockedComm(self.grid)
 
         def step(state, params):
             blocks = {}
@@ -317,7 +318,32 @@ class ShardedEngine(Engine):
         return jax.jit(step, donate_argnums=0 if donate else ())
 
     def _compile_observe(self):
-        return jax.jit(self._whole_domain_observe())
+        """Field sums and profiles in the global view; the model's halo-reading sums
+        (``local_sums``, e.g. the wave energy's Laplacian) on the blocks, padded like a step."""
+        model = self.model
+        fields = functools.partial(
+            observe_block,
+            model=dataclasses.replace(model, local_sums=None),
+            comm=LocalComm(model.ndim),
+            global_shape=self.domain_shape,
+        )
+        if model.local_sums is None:
+            return jax.jit(fields)
+        comm = BlockedComm(self.grid)
+        g, d = self.grid.shape, model.ndim
+
+        def run(state, params):
+            out = fields(state, params)
+            padded = {}
+            for f, u in state.items():
+                b = lax.with_sharding_constraint(
+                    to_blocks(u, g, d), self._block_sharding(u.ndim + d)
+                )
+                padded[f] = pad(b, model.radius, model.bcs[f], comm)
+            out.update(model.local_sums(padded, params))
+            return out
+
+        return jax.jit(run)
 
 
 class ShardMapEngine(ShardedEngine):

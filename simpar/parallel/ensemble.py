@@ -149,6 +149,11 @@ class ShardedEnsemble(_VmappedMembers, ShardedEngine):
 
         return jax.jit(step, donate_argnums=0 if donate else ())
 
+    def _compile_observe(self):
+        # the vmapped whole-domain diagnostics (ShardedEngine's blocked model sums have no
+        # member axis)
+        return jax.jit(self._whole_domain_observe())
+
 
 def _squeeze(tree):
     return jax.tree.map(lambda a: a[0], tree)

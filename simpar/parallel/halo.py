@@ -15,7 +15,7 @@ Where the halo comes from is the ``Comm``'s business:
 - ``ShardMapComm``: named mesh axes under ``jax.shard_map``; ``ppermute`` along one mesh axis.
 - ``BlockedComm``: the global view of every block at once (the ``sharded`` engine): fields carry
   the device-grid axes in front, ``(*grid.shape, *lead, n_0, ...)``, sharded one block per
-  device; a neighbour's slab arrives by a shift along a grid axis, which XLA's partitioner turns
+  device; a neighbour's slab arrives by a roll along a grid axis, which XLA's partitioner turns
   into one collective-permute of the slab.
 
 At non-periodic outer edges ``ppermute`` delivers zeros; ``fill_edges`` then overwrites the halo
@@ -30,7 +30,6 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import PartitionSpec as P
 
 from simpar.parallel.topology import DeviceGrid
 
@@ -142,39 +141,31 @@ class BlockedComm:
     """Every block at once, in the global view: the ``sharded`` engine's halo exchange.
 
     A field is one array ``(*grid.shape, *lead, n_0, ..., n_{d-1})``: the device-grid axes in
-    front (sharded one entry per device, on ``mesh``), then the block as the per-block engines
-    see it. Everything but the exchange is global-view code that XLA partitions; a neighbour's
-    slab arrives by a ``ppermute`` of the slab array inside a ``shard_map`` along one mesh axis.
+    front (sharded one entry per device), then the block as the per-block engines see it. The
+    code is global-view and XLA's partitioner inserts all communication: a neighbour's slab is
+    the slab array rolled by one along a grid axis, which it compiles into one
+    collective-permute of the slab. At a non-periodic edge the roll wraps around and ``pad``
+    overwrites what arrived with the boundary condition (``jnp.where`` on :meth:`coord`).
 
-    Why not leave the shift to XLA too: a halo padded onto the global field, ``(N_0 + 2w, ...)``,
-    does not divide over the devices, and XLA re-lays out whole fields every step (all-gathers,
-    all-to-alls); and in this blocked layout a ``jnp.roll`` of the slab along a grid axis is
-    compiled by XLA 0.10.2 as a permute of the whole block followed by the slice (the slice of
-    the slab is merged into the shift's slices of the sharded axis).
+    Why blocks: a halo padded onto the global field, ``(N_0 + 2w, ...)``, does not divide over
+    the devices, and XLA 0.10.2 re-laid out whole fields every step (all-gathers, all-to-alls,
+    block-sized permutes). Why a wrapping roll at walls too: a shift that fills the edge block
+    with zeros instead (a concatenate) was compiled to all-to-alls and all-gathers.
 
     Args:
       grid: the device grid.
-      mesh: the ``jax.sharding.Mesh`` whose axes ``grid.axis_names`` hold the blocks.
     """
 
-    def __init__(self, grid: DeviceGrid, mesh):
+    def __init__(self, grid: DeviceGrid):
         self.grid = grid
         self.ndim = grid.ndim
-        self.mesh = mesh
-        self._local = ShardMapComm(grid)
 
     def extent(self, axis: int) -> int:
         return self.grid.shape[axis]
 
     def shift(self, x, axis: int, direction: int):
-        """Block ``i`` gets the slab of block ``i - direction`` (zeros past a non-periodic edge)."""
-        spec = P(*self.grid.axis_names, *((None,) * (x.ndim - self.ndim)))
-        return jax.shard_map(
-            lambda s: self._local.shift(s, axis, direction),
-            mesh=self.mesh,
-            in_specs=spec,
-            out_specs=spec,
-        )(x)
+        """Block ``i`` gets the slab of block ``i - direction`` (cyclically)."""
+        return jnp.roll(x, direction, axis)
 
     def coord(self, axis: int, ndim: int | None = None):
         """Each block's coordinate along grid ``axis``, shaped to broadcast over ``ndim`` axes."""
