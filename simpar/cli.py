@@ -76,10 +76,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _configure_jax(devices: int | None) -> None:
-    """Must run before JAX initialises its backends."""
+    """Must run before JAX initialises its backends (``run`` and ``info`` share it).
+
+    Turns 64-bit JAX on for this process: float64 configs need it, float32 runs stay
+    float32 (every array has an explicit dtype); see ``simpar.precision``.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     import jax
 
+    jax.config.update("jax_enable_x64", True)
     if devices is not None:
         try:
             jax.config.update("jax_num_cpu_devices", int(devices))
@@ -102,7 +107,7 @@ def _cmd_info(args) -> int:
         "local_device_count": jax.local_device_count(),
         "process_index": jax.process_index(),
         "process_count": jax.process_count(),
-        "x64": bool(jax.config.jax_enable_x64),
+        "x64": bool(jax.config.jax_enable_x64),  # as a run uses it (_configure_jax)
     }
     print(json.dumps(info, indent=2))
     return EXIT_OK
@@ -150,8 +155,6 @@ def _cmd_run(args) -> int:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     import jax
 
-    # float64 configs need x64; float32 runs stay float32 (every array has an explicit dtype)
-    jax.config.update("jax_enable_x64", True)
     if devices is not None and devices > len(jax.local_devices()):
         raise ConfigError(
             "--devices",

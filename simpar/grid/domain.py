@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simpar import precision
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import boundary
@@ -33,19 +34,25 @@ class Domain:
     Attributes:
       shape: cells per axis (x, y[, z]).
       length: box size per axis (length units).
-      dtype: ``"float32"`` or ``"float64"``.
+      dtype: ``"float32"`` or ``"float64"`` (float64 needs 64-bit JAX: a ``ConfigError``
+        names the fix when ``jax_enable_x64`` is off, see ``simpar.precision``).
     """
 
     shape: tuple[int, ...]
     length: tuple[float, ...]
     dtype: str = "float32"
 
+    def __post_init__(self):
+        precision.require(self.dtype, "Domain.dtype")
+
     @property
     def ndim(self) -> int:
+        """Number of spatial axes (2 or 3)."""
         return len(self.shape)
 
     @property
     def dx(self) -> tuple[float, ...]:
+        """Cell size per axis (length units)."""
         return tuple(L / n for L, n in zip(self.length, self.shape, strict=True))
 
     def coords(self) -> list[np.ndarray]:
@@ -58,12 +65,19 @@ class Domain:
 
 
 def domain_from_config(cfg: Section, ndims=(2, 3)) -> Domain:
+    """The ``[grid]`` table as a :class:`Domain`.
+
+    Raises:
+      ConfigError: a bad shape, length or dtype (``grid.dtype = "float64"`` with 64-bit JAX
+        off names the fix).
+    """
     g = cfg.section("grid", required=True)
     shape = g.get("shape", kind=int, length=ndims, min=1)
     length = g.get(
         "length", [1.0] * len(shape), kind=float, length=len(shape), min=0.0, exclusive_min=True
     )
     dtype = g.get("dtype", "float32", kind=str, choices=DTYPES)
+    precision.require(dtype, g.key("dtype"))
     return Domain(tuple(shape), tuple(length), dtype)
 
 

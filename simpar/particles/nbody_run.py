@@ -39,6 +39,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from simpar import precision
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io.h5md import H5MDWriter
@@ -188,6 +189,7 @@ def run_config(
     n = part.get("n", kind=int, min=2)
     seed = part.get("seed", 0, kind=int, min=0)
     dtype = part.get("dtype", "float64", kind=str, choices=("float32", "float64"))
+    precision.require(dtype, part.key("dtype"))
     tsec = cfg.section("time", required=True)
     dt = tsec.get("dt", kind=float, min=0.0, exclusive_min=True)
     cfg_steps = tsec.get("steps", kind=int, min=0)
@@ -225,9 +227,6 @@ def run_config(
             "--out",
             f"output file {path} exists; pass --overwrite to replace it or choose another --out",
         )
-    if dtype == "float64" and not jax.config.jax_enable_x64:
-        # The driver is a top-level entry point: float64 runs need 64-bit JAX.
-        jax.config.update("jax_enable_x64", True)
 
     # ---- everything validated: build the system and create the output
     pos, vel, mass = plummer_sphere(n, seed, dtype=np.dtype(dtype))

@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar import precision
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
@@ -82,6 +83,7 @@ def _read(data: dict, engine, mesh, steps, out):
     sysc = root.section("system")
     init = cfg["init"] = sysc.get("init", "lattice", kind=str, choices=("lattice", "h5md"))
     cfg["dtype"] = sysc.get("dtype", "float64", kind=str, choices=("float32", "float64"))
+    precision.require(cfg["dtype"], sysc.key("dtype"))
     cfg["mass"] = sysc.get("mass", 1.0, min=0.0, exclusive_min=True)
     if init == "lattice":
         cfg["lattice"] = sysc.get("lattice", "fcc", kind=str, choices=("fcc", "sc"))
@@ -270,10 +272,6 @@ def run_config(
         )
     main = distributed.is_main()
     progress = progress and main
-    if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
-        # a top-level entry point: float64 runs need 64-bit JAX (float32 runs stay
-        # float32 either way, every array has an explicit dtype)
-        jax.config.update("jax_enable_x64", True)
     if Path(cfg["path"]).exists() and not overwrite:
         raise ConfigError(
             "--out",
