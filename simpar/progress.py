@@ -65,7 +65,17 @@ class Progress:
                 line += " " + " ".join(f"{k}={v}" for k, v in postfix.items())
             print(line, file=self.file, flush=True)
 
+    def write(self, line: str) -> None:
+        """Print a line (e.g. a thermo row) to the progress stream without breaking the bar."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(line, file=self.file)
+        else:
+            print(line, file=self.file, flush=True)
+
     def close(self) -> None:
+        """Close the bar (if any)."""
         if self.bar is not None:
             self.bar.close()
 

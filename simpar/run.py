@@ -76,7 +76,9 @@ def run_config(
         state equals that of an uninterrupted run.
 
     Returns:
-      A summary: output path, steps, wall time, final diagnostics.
+      The run summary, with the same keys for every model (``simpar.io.meta.SUMMARY_KEYS``:
+      path, model, engine, mesh, dtype, steps, frames, run_status, wall time, rate, initial
+      and final observables, model-specific ``details``).
 
     Raises:
       ConfigError: invalid input (nothing written).
@@ -133,7 +135,7 @@ def run_grid(
     resume=False,
 ) -> dict:
     from simpar.io import checkpoint
-    from simpar.io.meta import run_metadata
+    from simpar.io.meta import run_metadata, run_summary
     from simpar.io.netcdf import GridWriter
 
     cfg = Section(data)
@@ -156,7 +158,8 @@ def run_grid(
 
         mesh = (len(jax.devices()),)
     cfg.check_unused()
-    eng = make_engine(engine, model, domain.shape, mesh if engine != "single" else None, halo)
+    # `single` runs on one device whatever the mesh (make_engine ignores it, from Python too)
+    eng = make_engine(engine, model, domain.shape, mesh, halo)
     distributed.check_gather_size(
         sum(np.asarray(u).nbytes for u in setup.state.values()),
         gather_limit,
@@ -209,25 +212,36 @@ def run_grid(
             "check the [initial] settings",
         )
     variables = {}
+    step_coord = {"coordinates": "step"}  # CF: xarray shows step as a coordinate of time
     for f in out_fields:
         variables[f] = {
             "dims": ("time",) + tuple(reversed(names)),
             "dtype": domain.dtype,
             "units": model.units.get(f, "1"),
             "long_name": model.long_names.get(f, f),
+            "attrs": step_coord,
         }
     for k, v in obs.items():
         if k == "nonfinite":
             continue
+        units, long_name = model.diagnostic_attrs(k)
         if np.ndim(v) == 1:
             variables[k] = {
                 "dims": ("time", names[-1]),
                 "dtype": "float64",
-                "units": "1",
-                "long_name": f"{k[:-8]} averaged over {', '.join(names[:-1])}",
+                "units": units,
+                "long_name": f"{model.long_names.get(k[:-8], k[:-8])} averaged over "
+                f"{', '.join(names[:-1])}",
+                "attrs": step_coord,
             }
         else:
-            variables[k] = {"dims": ("time",), "dtype": "float64", "units": "1", "long_name": k}
+            variables[k] = {
+                "dims": ("time",),
+                "dtype": "float64",
+                "units": units,
+                "long_name": long_name,
+                "attrs": step_coord,
+            }
     attrs = run_metadata(
         config_text,
         engine=engine,
@@ -258,9 +272,16 @@ def run_grid(
             attrs=attrs,
             overwrite=overwrite,
             xdmf_min_interval=2.0,
+            time_units=model.time_units,
+            length_units=model.length_units,
         )
 
+    frames = 0
+    obs0 = obs
+
     def frame(step, host_state, obs):
+        nonlocal frames
+        frames += 1
         if not main:
             return
         values = {f: np.transpose(fn(host_state)) for f, fn in out_fields.items()}
@@ -305,17 +326,23 @@ def run_grid(
     finally:
         writer.close()
     wall = time.perf_counter() - t0
-    return {
-        "path": str(path),
-        "model": model.name,
-        "engine": engine,
-        "mesh": list(eng.grid.shape),
-        "steps": n_steps,
-        "resumed_from": start if resume else None,
-        "wall_s": wall,
-        "Mcell_updates_per_s": cells * (n_steps - start) / wall / 1e6 if wall > 0 else float("nan"),
-        "final": {k: (v.tolist() if np.ndim(v) == 0 else None) for k, v in obs.items()},
-    }
+    scalars = lambda o: {k: v for k, v in o.items() if np.ndim(v) == 0}  # noqa: E731
+    return run_summary(
+        model=model.name,
+        path=path,
+        engine=engine,
+        mesh=eng.grid.shape,
+        dtype=domain.dtype,
+        steps=n_steps,
+        frames=frames,
+        resumed_from=start if resume else None,
+        wall_s=wall,
+        rate=cells * (n_steps - start) / wall / 1e6 if wall > 0 else float("nan"),
+        rate_unit="Mcell_updates/s",
+        initial=scalars(obs0),
+        final=scalars(obs),
+        details={"cells": cells, "dt": float(setup.dt)},
+    )
 
 
 def run_file(path: str, overrides=(), **kwargs) -> dict:

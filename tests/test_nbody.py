@@ -267,12 +267,12 @@ def test_driver_writes_h5md(tmp_path):
     data = _config(tmp_path)
     text = dumps(data)
     out = run_config(data, text, engine="pmap", mesh=(2,), steps=None, out=None, progress=False)
-    assert out["frames"] == 3 and out["devices"] == 2 and out["engine"] == "pmap"
-    assert out["energy_max_rel_error"] < 5e-4  # N = 64: measured 7e-5
+    assert out["frames"] == 3 and out["mesh"] == [2] and out["engine"] == "pmap"
+    assert out["details"]["energy_max_rel_error"] < 5e-4  # N = 64: measured 7e-5
     path = tmp_path / "run.h5md"
     with h5py.File(path, "r") as f:
         meta = f["parameters"].attrs
-        assert meta["run_status"] == "completed" and meta["unit_system"] == "nbody"
+        assert meta["run_status"] == "complete" and meta["unit_system"] == "nbody"
         assert meta["engine"] == "pmap" and meta["config"] == text
         assert list(meta["device_mesh"]) == [2]
         assert list(f["particles/trajectory/box"].attrs["boundary"]) == ["none"] * 3
@@ -342,7 +342,7 @@ def test_driver_engine_single_from_command_line_ignores_config_devices(tmp_path)
     out = run_config(
         data, dumps(data), engine="single", mesh=None, steps=0, out=None, progress=False
     )
-    assert (out["engine"], out["devices"], out["frames"]) == ("single", 1, 1)
+    assert (out["engine"], out["mesh"], out["frames"]) == ("single", [1], 1)
 
 
 def test_driver_detects_nan(tmp_path):
@@ -352,6 +352,6 @@ def test_driver_detects_nan(tmp_path):
         run_config(data, dumps(data), engine="", mesh=None, steps=None, out=None, progress=False)
     assert err.value.step in (10, 20, 30, 40) and "time.dt" in str(err.value)
     with h5py.File(tmp_path / "run.h5md", "r") as f:
-        assert f["parameters"].attrs["run_status"] == "failed"
+        assert f["parameters"].attrs["run_status"].startswith("failed: run failed at step")
         frames = f["particles/trajectory/position/step"][:]
         assert frames[0] == 0 and len(frames) == err.value.step // 10

@@ -64,6 +64,24 @@ class Domain:
         return np.meshgrid(*self.coords(), indexing="ij")
 
 
+def param_dtype(domain, dtype=None) -> np.dtype:
+    """The dtype of a grid model's params: ``dtype`` if given, else the domain's.
+
+    Every grid model's ``make_params(domain, <physics by name>, dt, *, dtype=None)`` uses
+    it, so params and state share one dtype (a float64 run never rounds ``dt``).
+
+    Args:
+      domain: a :class:`Domain`, or (older ``lbm.make_params`` calls) a dtype.
+      dtype: optional override.
+
+    Raises:
+      ConfigError: float64 with 64-bit JAX off (``simpar.precision``).
+    """
+    if dtype is None:
+        dtype = domain.dtype if isinstance(domain, Domain) else domain
+    return precision.require(dtype, "dtype")
+
+
 def domain_from_config(cfg: Section, ndims=(2, 3)) -> Domain:
     """The ``[grid]`` table as a :class:`Domain`.
 

@@ -25,7 +25,7 @@ import numpy as np
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import stencils
-from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config
+from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config, param_dtype
 from simpar.grid.model import GridModel, GridSetup
 
 STENCILS = ("5pt", "9pt")
@@ -54,13 +54,24 @@ def make_model(ndim: int, bcs: tuple, stencil: str = "5pt") -> GridModel:
         radius=1,
         bcs={"u": bcs},
         update=update,
-        units={"u": "1"},
+        units={"u": "K"},
         long_names={"u": "temperature"},
     )
 
 
-def make_params(domain: Domain, diffusivity: float, dt: float) -> dict:
-    dt_ = np.dtype(domain.dtype)
+def make_params(domain: Domain, diffusivity: float, dt: float, *, dtype=None) -> dict:
+    """Params of ``make_model`` (array leaves: ``jax.grad`` / ``vmap`` over them work).
+
+    Args:
+      domain: the box (gives ``dx`` and the dtype).
+      diffusivity: D (m2 s-1).
+      dt: time step (s).
+      dtype: override of the domain's dtype.
+
+    Returns:
+      ``{"diffusivity": (), "dt": (), "dx": (ndim,)}`` arrays of the dtype.
+    """
+    dt_ = param_dtype(domain, dtype)
     return {
         "diffusivity": jnp.asarray(diffusivity, dt_),
         "dt": jnp.asarray(dt, dt_),

@@ -14,22 +14,30 @@ Layout (../shared/reference/HDF5_FORMATS.md, section 1; DESIGN.md "CONTRACT: fil
 /observables/<name>/{value [T], step, time}     every frame: temperature, pressure, and
                                                 potential/kinetic/total energy per atom
 /parameters                run metadata attributes (config TOML text, versions, engine,
-                           mesh, dtype, seed, ...) and ``unit_system``
+                           mesh, dtype, seed, ...), ``unit_system`` and ``run_status``
+                           (``running`` / ``complete`` / ``failed: <reason>``)
 /parameters/rng_key/{value [T,2] uint32, step, time}   Langevin key per frame (optional)
 ```
 
 ``step``/``time`` of every element are hard links to ``position``'s. Values are stored in
 the run's dtype (float64 runs are continued bit for bit from a file).
 
-Units (decision): simpar works in Lennard-Jones reduced units (sigma, tau, epsilon, m),
-for which neither H5MD nor MDAnalysis has a name, and MDAnalysis refuses a file without
-``unit`` attributes unless called with extra arguments. We therefore write ``unit``
-attributes as vlen ``str`` naming MDAnalysis's *base* units, ``"A"``, ``"ps"``,
-``"A ps-1"`` and ``"kJ mol-1 Angstrom-1"``, for which MDAnalysis applies no conversion:
-``MDAnalysis.Universe(path)`` opens the file and returns exactly the stored reduced
-numbers. The labels mean 1 sigma, 1 tau and 1 epsilon / sigma; ``/parameters`` carries
-``unit_system = "lj"`` and each value carries ``reduced_unit`` (e.g. ``"sigma"``) so no
-one mistakes them for real Angstrom.
+Units (decision): simpar works in reduced units (Lennard-Jones: sigma, tau, epsilon, m;
+N-body: Henon units), for which neither H5MD nor MDAnalysis has a name, and MDAnalysis
+refuses a file whose position/velocity/force/time carry no ``unit`` it knows unless called
+with extra arguments. So that ``MDAnalysis.Universe(path)`` opens the file and returns
+exactly the stored reduced numbers, those four elements and the box carry MDAnalysis's
+*base* units as ``unit`` (``"A"``, ``"ps"``, ``"A ps-1"``, ``"kJ mol-1 Angstrom-1"``: no
+conversion is applied). Everything else states the truth where tools look:
+
+- ``/h5md/modules/units`` (the H5MD 1.1 units module): ``system`` (``"lj"`` or
+  ``"nbody"``) and ``description`` (the unit symbols and what the compatibility labels
+  stand for); ``/parameters`` repeats ``unit_system``;
+- every element carries ``reduced_unit`` in the system's symbols (``"sigma"``,
+  ``"sigma tau-1"``, ``"tau"``, ``"epsilon sigma-1"``; N-body ``"L"``, ``"L T-1"``, ``"T"``);
+- observables carry their true ``unit`` (``"epsilon"``, ``"epsilon kB-1"``,
+  ``"epsilon sigma-3"``; MDAnalysis reads observables without converting them);
+- ``simpar plot`` labels axes with ``reduced_unit``; ``read_frame`` returns ``unit_system``.
 
 Crash safety: a frame is appended to every element first, then ``step`` and ``time`` are
 written last (the commit marker) and the file is flushed, so a killed run leaves a
@@ -38,7 +46,6 @@ readable file with every completed frame. Default libver (not "latest").
 
 from __future__ import annotations
 
-import getpass
 import os
 from collections.abc import Mapping, Sequence
 
@@ -46,6 +53,7 @@ import h5py
 import numpy as np
 
 import simpar
+from simpar.io.meta import author
 
 UNITS = {
     "position": ("A", "sigma"),
@@ -54,12 +62,23 @@ UNITS = {
     "edges": ("A", "sigma"),
     "time": ("ps", "tau"),
 }
-OBS_UNITS = {
-    "temperature": "epsilon k_B-1",
-    "potential_energy": "epsilon (per atom)",
-    "kinetic_energy": "epsilon (per atom)",
-    "total_energy": "epsilon (per atom)",
+OBS_UNITS = {  # true units of the LJ observables (energies per atom, as LAMMPS prints)
+    "temperature": "epsilon kB-1",
+    "potential_energy": "epsilon",
+    "kinetic_energy": "epsilon",
+    "total_energy": "epsilon",
     "pressure": "epsilon sigma-3",
+}
+UNIT_SYSTEMS = {
+    "lj": "Lennard-Jones reduced units: length sigma, energy epsilon, mass m, time "
+    "tau = sigma sqrt(m / epsilon), temperature epsilon / kB. The 'unit' labels A, ps, "
+    "A ps-1 and kJ mol-1 Angstrom-1 on position, time, velocity, force and box are "
+    "compatibility labels for MDAnalysis: read them as sigma, tau, sigma tau-1 and "
+    "epsilon sigma-1 (see each element's reduced_unit).",
+    "nbody": "N-body (Henon) units: G = 1, total mass M = 1, total energy -1/4 for the "
+    "Plummer sphere (virial radius L = 1), time T = sqrt(L^3 / (G M)). The 'unit' labels "
+    "A, ps and A ps-1 are compatibility labels for MDAnalysis: read them as L, T and "
+    "L T-1 (see each element's reduced_unit).",
 }
 
 
@@ -86,6 +105,8 @@ class H5MDWriter:
       mass: float[N] masses (optional), species: int[N] (default zeros).
       attrs: run metadata written as ``/parameters`` attributes.
       chunk_frames: frames per chunk of step/time/observables datasets.
+      unit_system: ``"lj"`` or ``"nbody"`` (``UNIT_SYSTEMS``), written to the H5MD units
+        module and ``/parameters``.
     """
 
     def __init__(
@@ -103,6 +124,7 @@ class H5MDWriter:
         species=None,
         attrs: Mapping[str, object] | None = None,
         chunk_frames: int = 256,
+        unit_system: str = "lj",
     ):
         self.path = os.fspath(path)
         self.n = int(n_atoms)
@@ -111,14 +133,15 @@ class H5MDWriter:
         f = self.file = h5py.File(self.path, "w")
         h = f.create_group("h5md")
         h.attrs["version"] = np.array([1, 1], np.int32)
-        try:
-            user = getpass.getuser()
-        except Exception:  # no passwd entry in some containers
-            user = "unknown"
-        f.create_group("h5md/author").attrs["name"] = user
+        # H5MD requires an author name; no login name is written unless asked for
+        f.create_group("h5md/author").attrs["name"] = author() or "anonymous"
         c = f.create_group("h5md/creator")
         c.attrs["name"] = "simpar"
         c.attrs["version"] = simpar.__version__
+        units = f.create_group("h5md/modules/units")
+        units.attrs["version"] = np.array([1, 0], np.int32)
+        units.attrs["system"] = unit_system
+        units.attrs["description"] = UNIT_SYSTEMS.get(unit_system, unit_system)
         g = self.group = f.create_group("particles/trajectory")
         box = g.create_group("box")
         box.attrs["dimension"] = np.int32(3)
@@ -143,11 +166,14 @@ class H5MDWriter:
         self._element(box, "edges", (3,), self.dtype, UNITS["edges"])
         obs = f.create_group("observables")
         for name in observables:
-            self._element(obs, name, (), "f8", ("", OBS_UNITS.get(name, "")))
-        params = f.create_group("parameters")
-        params.attrs["unit_system"] = "lj"
+            unit = OBS_UNITS.get(name, "") if unit_system == "lj" else ""
+            self._element(obs, name, (), "f8", (unit, unit))
+        params = self.parameters = f.create_group("parameters")
+        params.attrs["unit_system"] = unit_system
         for key, value in (attrs or {}).items():
-            params.attrs[key] = _attr(value)
+            if value is not None:
+                params.attrs[key] = _attr(value)
+        params.attrs["run_status"] = "running"
         if rng_key:
             self._element(params, "rng_key", (2,), "u4", ("", ""))
         if mass is not None:
@@ -221,7 +247,19 @@ class H5MDWriter:
         self.frames = k + 1
         self.file.flush()
 
+    def set_status(self, status: str) -> None:
+        """Set ``/parameters`` ``run_status`` and flush.
+
+        Args:
+          status: ``"running"`` (set at creation), ``"complete"`` or ``"failed: <reason>"``,
+            as the grid files' global ``run_status`` attribute.
+        """
+        if self.file:
+            self.parameters.attrs["run_status"] = str(status)
+            self.file.flush()
+
     def close(self) -> None:
+        """Close the file (frames already appended are on disk)."""
         if self.file:
             self.file.close()
             self.file = None
@@ -229,7 +267,12 @@ class H5MDWriter:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and self.file:
+            if isinstance(exc, Exception):
+                self.set_status(f"failed: {exc}")
+            else:
+                self.set_status("failed: interrupted")
         self.close()
 
 
@@ -270,7 +313,8 @@ def read_frame(path: str | os.PathLike, frame: int = -1, group: str | None = Non
       dict with ``position`` [N,3], ``velocity`` [N,3] or None, ``force`` or None,
       ``box`` [3] (None without edges), ``boundary`` (list of str), ``step`` (int),
       ``time`` (float), ``mass`` [N] or None, ``rng_key`` uint32[2] or None, and
-      ``observables`` (dict of floats at that frame). Values are not unit-converted.
+      ``observables`` (dict of floats at that frame), ``unit_system`` (``"lj"``,
+      ``"nbody"``, ``"SI"``, ... or None). Values are not unit-converted.
 
     Raises:
       ValueError: the file has no particles group, no position, or not that frame.
@@ -315,4 +359,9 @@ def read_frame(path: str | os.PathLike, frame: int = -1, group: str | None = Non
                 if el["value"].shape[0] > k:
                     obs[name] = float(el["value"][k])
         out["observables"] = obs
+        mod = f.get("h5md/modules/units")
+        system = mod.attrs.get("system") if mod is not None else None
+        if system is None and params is not None:
+            system = params.attrs.get("unit_system")
+        out["unit_system"] = system.decode() if isinstance(system, bytes) else system
         return out

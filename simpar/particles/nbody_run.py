@@ -21,13 +21,14 @@ LJ runs), with open boundaries (``boundary = "none"``, zero box edges), velociti
 masses, and observables at every frame: ``kinetic_energy``, ``potential_energy``,
 ``total_energy``, ``virial_ratio`` ``[T]`` and ``momentum``, ``angular_momentum``
 ``[T, 3]`` (whole-system totals). Run metadata and physics parameters are attributes of
-``/parameters`` (with ``run_status``: running / completed / failed).
+``/parameters`` (with ``run_status``: running / complete / failed: <reason>).
 
 Units are N-body units (G = M = 1, E = -1/4 for the Plummer sphere). Following
-``simpar.io.h5md``'s convention, ``unit`` attributes name MDAnalysis's base units ("A",
-"ps"), so ``MDAnalysis.Universe(path)`` opens the file and returns the stored numbers
-unconverted; ``reduced_unit`` attributes and ``/parameters`` ``unit_system = "nbody"``
-say what they really are.
+``simpar.io.h5md``'s convention, position/velocity/time ``unit`` attributes name
+MDAnalysis's base units ("A", "ps"), so ``MDAnalysis.Universe(path)`` opens the file and
+returns the stored numbers unconverted; ``/h5md/modules/units`` ``system = "nbody"``,
+``reduced_unit`` attributes (``L``, ``L T-1``, ``T``) and the observables' ``unit`` say
+what they really are.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from simpar import precision
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io.h5md import H5MDWriter
-from simpar.io.meta import run_metadata
+from simpar.io.meta import run_metadata, run_summary
 from simpar.parallel.ring import ENGINES, check_layout, make_engine
 from simpar.particles.nbody import Observables, make_params, plummer_sphere
 from simpar.progress import Progress
@@ -72,18 +73,19 @@ def _observable_values(obs: Observables) -> dict[str, np.ndarray]:
     }
 
 
-# N-body units written with simpar.io.h5md's labelling convention: MDAnalysis's base
-# units (no conversion on reading) as ``unit``, the real meaning as ``reduced_unit``.
+# N-body units (symbols of ``simpar.io.h5md.UNIT_SYSTEMS["nbody"]``): ``reduced_unit`` of
+# every element; observables also carry them as their ``unit`` (MDAnalysis does not convert
+# observables). Energies and momenta are whole-system totals.
 _NBODY_UNITS = {
-    "position": "N-body length (r_V = 1)",
-    "velocity": "N-body velocity",
-    "edges": "N-body length (unused: open boundaries)",
-    "kinetic_energy": "N-body energy (total, E0 = -1/4)",
-    "potential_energy": "N-body energy (total, E0 = -1/4)",
-    "total_energy": "N-body energy (total, E0 = -1/4)",
-    "virial_ratio": "dimensionless (T / |W|)",
-    "momentum": "N-body momentum (total)",
-    "angular_momentum": "N-body angular momentum (total)",
+    "position": "L",
+    "velocity": "L T-1",
+    "edges": "L",
+    "kinetic_energy": "M L+2 T-2",
+    "potential_energy": "M L+2 T-2",
+    "total_energy": "M L+2 T-2",
+    "virial_ratio": "1",
+    "momentum": "M L T-1",
+    "angular_momentum": "M L+2 T-1",
 }
 _VECTORS = ("momentum", "angular_momentum")
 
@@ -105,6 +107,7 @@ def _open_output(path: Path, n: int, dtype: str, mass, attrs: dict) -> H5MDWrite
         observables=[o for o in _OBSERVABLES if o not in _VECTORS],
         mass=mass,
         attrs=attrs,
+        unit_system="nbody",
     )
     obs = writer.file["observables"]
     for name in _VECTORS:
@@ -115,20 +118,19 @@ def _open_output(path: Path, n: int, dtype: str, mass, attrs: dict) -> H5MDWrite
         grp["step"], grp["time"] = writer.step, writer.time  # hard links
     for name, ds in writer.elements.items():
         ds.attrs["reduced_unit"] = _NBODY_UNITS[name]
-    writer.time.attrs["reduced_unit"] = "N-body time (crossing time 2 sqrt(2))"
+        if name in _OBSERVABLES:
+            ds.attrs["unit"] = _NBODY_UNITS[name]
+    writer.time.attrs["reduced_unit"] = "T"  # crossing time 2 sqrt(2) T
     writer.file.flush()
     return writer
-
-
-def _set_status(writer: H5MDWriter, status: str) -> None:
-    if writer.file:
-        writer.file["parameters"].attrs["run_status"] = status
 
 
 def _devices_for(engine: str, from_cli: bool, mesh, cfg_devices, cfg_mesh) -> int:
     """Ring size from ``--mesh``, else ``parallel.devices`` / ``parallel.mesh``."""
     if mesh is not None:
         mesh = tuple(mesh)
+        if engine == "single":
+            return 1  # one device whatever the mesh, as for every model
         if len(mesh) != 1:
             shape = "x".join(map(str, mesh))
             raise ConfigError(
@@ -175,9 +177,10 @@ def run_config(
       progress: show a progress bar / log lines.
 
     Returns:
-      Summary: path, engine, devices, n, steps, frames, initial and final total energy,
-      max relative energy error over the frames, max |total momentum|, wall time and
-      pair interactions per second.
+      The run summary (``simpar.io.meta.run_summary``, the same keys for every model):
+      ``initial`` / ``final`` observables (energies, virial ratio, momenta), ``rate`` in
+      pair interactions/s, ``mesh = [devices]``, and ``details`` with ``n``, the max
+      relative energy error over the frames and the max |total momentum|.
 
     Raises:
       ConfigError: invalid config or options (raised before any file is created).
@@ -241,23 +244,21 @@ def run_config(
         model=name,
     )
     attrs = meta | {
-        "unit_system": "nbody",
         "units": "N-body (Henon) units: G = M = 1, E = -1/4 (Plummer), r_V = 1",
         "n": np.int64(n),
         "G": np.float64(G),
         "softening": np.float64(eps),
         "dt": np.float64(dt),
-        "run_status": "running",
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = _open_output(path, n, dtype, mass, attrs)
     no_box = np.zeros(3)
-    status = "failed"
     t0 = _time.monotonic()
-    try:
+    with writer:  # run_status: running, then complete or "failed: <reason>"
         dstate = eng.init(pos, vel, mass, params)
         obs = _observable_values(eng.observables(dstate, params))
         _check_finite(obs, 0, None, 0)
+        obs0 = obs
         e0 = float(obs["total_energy"])
         max_de = 0.0
         max_p = float(np.abs(obs["momentum"]).max())
@@ -279,27 +280,27 @@ def run_config(
                         step, step * dt, host.pos, box=no_box, velocity=host.vel, observables=obs
                     )
                 bar.update(chunk, dE=f"{max_de:.1e}")
-        status = "completed"
-    finally:
-        _set_status(writer, status)
-        writer.close()
+        writer.set_status("complete")
     wall = _time.monotonic() - t0
-    return {
-        "path": str(path),
-        "model": name,
-        "engine": engine,
-        "devices": n_devices,
-        "n": n,
-        "dtype": dtype,
-        "steps": n_steps,
-        "frames": writer.frames,
-        "energy_initial": e0,
-        "energy_final": float(obs["total_energy"]),
-        "energy_max_rel_error": max_de,
-        "momentum_max_abs": max_p,
-        "wall_s": wall,
-        "pair_interactions_per_s": float(n) * n * n_steps / wall if wall > 0 else math.nan,
-    }
+    return run_summary(
+        model=name,
+        path=path,
+        engine=engine,
+        mesh=(n_devices,),
+        dtype=dtype,
+        steps=n_steps,
+        frames=writer.frames,
+        wall_s=wall,
+        rate=float(n) * n * n_steps / wall if wall > 0 else math.nan,
+        rate_unit="pair_interactions/s",
+        initial=obs0,
+        final=obs,
+        details={
+            "n": n,
+            "energy_max_rel_error": max_de,
+            "momentum_max_abs": max_p,
+        },
+    )
 
 
 def _check_finite(obs: dict, step: int, checkpoint: str | None, last_good: int) -> None:

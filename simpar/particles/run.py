@@ -64,7 +64,7 @@ from simpar import precision
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
-from simpar.io.meta import run_metadata
+from simpar.io.meta import run_metadata, run_summary
 from simpar.parallel import distributed
 from simpar.parallel.particles import shard_particles
 from simpar.particles import lattice, md, observables, potentials, space
@@ -166,12 +166,12 @@ def _read(data: dict, engine, mesh, steps, out):
     cfg["engine"] = eng
     ndev = len(jax.devices())
     mesh_cfg = par.get("mesh", None, kind=int, length=(1,), min=1)
-    mesh = tuple(mesh) if mesh is not None else (tuple(mesh_cfg) if mesh_cfg else None)
     if eng == "single":
-        if mesh is not None and math.prod(mesh) != 1:
-            raise ConfigError("parallel.mesh", f"engine 'single' runs on 1 device, got {mesh}")
+        # as for grid models: `single` runs on one device whatever the mesh (the mesh says
+        # how the other engines split the work, so one command line serves every engine)
         mesh = (1,)
     else:
+        mesh = tuple(mesh) if mesh is not None else (tuple(mesh_cfg) if mesh_cfg else None)
         mesh = mesh or (ndev,)
         if len(mesh) != 1:
             raise ConfigError("parallel.mesh", f"LJ uses a 1-D particle mesh, got {mesh}")
@@ -251,14 +251,14 @@ def run_config(
       mesh: device mesh for ``sharded`` (None: ``parallel.mesh`` or all devices).
       steps: overrides ``time.steps``.
       out: overrides ``output.path``.
-      progress: show a progress bar / log lines and the thermo lines.
+      progress: show a progress bar / log lines and a thermo row per frame (stderr).
       overwrite: replace an existing output file (else ``ConfigError`` on ``--out``).
 
     Returns:
-      Summary dict: ``path``, ``steps``, ``n_atoms``, ``engine``, ``mesh``, ``dtype``,
-      ``wall_s``, ``atom_steps_per_s``, ``thermo0`` and ``thermo`` (step 0 and final
-      observables), ``energy_drift`` (final minus initial total energy per atom),
-      ``regrows`` and ``neighbor_builds``.
+      The run summary (``simpar.io.meta.run_summary``, the same keys for every model):
+      ``initial`` / ``final`` are the thermo values at the first and last step, ``rate``
+      is in atom-steps/s, ``details`` holds ``n_atoms``, ``energy_drift`` (final minus
+      initial total energy per atom), ``regrows`` and ``neighbor_builds``.
 
     Raises:
       ConfigError: invalid config (no output file is created).
@@ -311,8 +311,6 @@ def run_config(
     if not all(math.isfinite(x) for x in th0.values()):
         raise SimulationError(step0, "non-finite energy in the initial state",
                               "check system.* (overlapping atoms?)")  # fmt: skip
-    if progress:
-        print(observables.format_thermo(step0, th0, header=True), flush=True)
 
     seed = cfg.get("seed") if cfg["init"] == "lattice" else None
     attrs = run_metadata(
@@ -330,7 +328,11 @@ def run_config(
     boundary = [cfg["boundary"]] * 3
     host = distributed.to_host  # a collective in multi-process runs: every process calls it
 
-    def frame(writer, th):
+    def frame(writer, th, bar):
+        """Append a frame and print its thermo row (stderr, LAMMPS-like: one per frame)."""
+        nonlocal frames
+        frames += 1
+        bar.write(observables.format_thermo(int(sim.state.step), th, header=done == 0))
         s = sim.state
         position = host(s.position)[:n]
         velocity = host(s.velocity)[:n] if cfg["write_velocity"] else None
@@ -341,7 +343,7 @@ def run_config(
         )  # fmt: skip
 
     t0 = time.perf_counter()
-    done = 0
+    done = frames = 0
     th = th0
     writer_cls = h5md.H5MDWriter if main else distributed.NoWriter
     with writer_cls(
@@ -349,7 +351,7 @@ def run_config(
         force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
         mass=np.full(n, cfg["mass"]), attrs=attrs,
     ) as writer, Progress(cfg["steps"], enabled=progress, desc=cfg["name"]) as bar:  # fmt: skip
-        frame(writer, th0)
+        frame(writer, th0, bar)
         while done < cfg["steps"]:
             k = min(cfg["every"], cfg["steps"] - done)
             try:
@@ -370,24 +372,29 @@ def run_config(
                     "reduce time.dt (or check the potential and initial state)",
                     f"{path} (frame {writer.frames - 1})",
                 )  # fmt: skip
-            frame(writer, th)
+            frame(writer, th, bar)
             bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
+        writer.set_status("complete")
     wall = time.perf_counter() - t0
     if progress:
-        print(observables.format_thermo(step0 + done, th), flush=True)
-        print(f"wrote {path} ({writer.frames} frames) in {wall:.2f} s", file=sys.stderr)
-    return {
-        "path": os.fspath(path),
-        "steps": cfg["steps"],
-        "n_atoms": n,
-        "engine": cfg["engine"],
-        "mesh": list(cfg["mesh"]),
-        "dtype": cfg["dtype"],
-        "wall_s": wall,
-        "atom_steps_per_s": n * cfg["steps"] / wall if wall > 0 else float("nan"),
-        "thermo0": th0,
-        "thermo": th,
-        "energy_drift": th["total_energy"] - th0["total_energy"],
-        "regrows": sim.regrows,
-        "neighbor_builds": int(sim.nbrs.n_builds),
-    }
+        print(f"wrote {path} ({frames} frames) in {wall:.2f} s", file=sys.stderr)
+    return run_summary(
+        model="lj",
+        path=os.fspath(path),
+        engine=cfg["engine"],
+        mesh=cfg["mesh"],
+        dtype=cfg["dtype"],
+        steps=cfg["steps"],
+        frames=frames,
+        wall_s=wall,
+        rate=n * cfg["steps"] / wall if wall > 0 else float("nan"),
+        rate_unit="atom_steps/s",
+        initial=th0,
+        final=th,
+        details={
+            "n_atoms": n,
+            "energy_drift": th["total_energy"] - th0["total_energy"],
+            "regrows": sim.regrows,
+            "neighbor_builds": int(sim.nbrs.n_builds),
+        },
+    )
