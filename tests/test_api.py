@@ -279,3 +279,14 @@ def test_single_ignores_a_mesh_from_the_command_line_and_from_python(tmp_path, c
         assert eng.grid.size == 1
         u = eng.gather(eng.advance(eng.place({"u": u0}), params, 5))["u"]
         np.testing.assert_array_equal(u, cli_u)
+
+
+def test_readme_python_examples_run():
+    """Every ```python block of README.md runs, in order, each in a fresh namespace, and
+    asserts its own results. In this process (8 CPU devices and x64 already set, as the
+    blocks ask), so compiled kernels are shared with the other tests."""
+    text = (ROOT / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert len(blocks) >= 3
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"README.md python block {i}", "exec"), {"__name__": "__main__"})
