@@ -46,6 +46,7 @@ def grid_setup(cfg: Section) -> GridSetup:
 
 
 def model_name(data: dict) -> str:
+    """``[model] name`` of a config, checked against the known models (``ConfigError``)."""
     name = (
         Section(data)
         .section("model", required=True)
@@ -164,6 +165,7 @@ def run_grid(
     resume=False,
     show_layout=False,
 ) -> dict:
+    """``run_config`` for the grid models (same arguments and summary; see there)."""
     from simpar.io import checkpoint
     from simpar.io.meta import run_metadata, run_summary
     from simpar.io.netcdf import GridWriter

@@ -87,6 +87,7 @@ def make_params(domain: Domain, diffusivity: float, dt: float, *, dtype=None) ->
 
 
 def diffusion_number(domain: Domain, diffusivity: float, dt: float) -> float:
+    """``D dt sum_i 1/dx_i^2``; the explicit scheme is stable up to ``STABILITY_LIMIT``."""
     return diffusivity * dt * sum(1 / h**2 for h in domain.dx)
 
 
@@ -118,6 +119,12 @@ def gaussian(
 
 
 def from_config(cfg: Section) -> GridSetup:
+    """Read ``[grid]``, ``[boundary]``, ``[physics]``, ``[initial]``, ``[time]``.
+
+    Raises:
+      ConfigError: an unstable ``time.dt`` (the message gives the largest stable dt), a
+        9-point stencil in 3-D or on non-square cells, or an invalid key.
+    """
     domain = domain_from_config(cfg)
     d = domain.ndim
     bcs = boundaries_from_config(cfg, d)

@@ -111,10 +111,12 @@ class Lattice:
 
     @property
     def d(self) -> int:
+        """Number of spatial axes (2 or 3)."""
         return len(self.c[0])
 
     @property
     def q(self) -> int:
+        """Number of populations (9 for D2Q9, 19 for D3Q19)."""
         return len(self.c)
 
     @cached_property
@@ -155,6 +157,7 @@ class WallFlag:
     periodic = False
 
     def fill(self, inner: jax.Array, axis: int, side: int) -> jax.Array:
+        """Halo cells all equal to the flag ``value`` (shape and dtype of ``inner``)."""
         return jnp.full(inner.shape, self.value, inner.dtype)
 
 
@@ -426,6 +429,7 @@ def make_params(
 
 
 def tau_from_viscosity(nu: float) -> float:
+    """BGK relaxation time ``tau = 3 nu + 1/2`` of kinematic viscosity ``nu`` (lattice units)."""
     return 3 * nu + 0.5
 
 

@@ -1,6 +1,6 @@
 """H5MD 1.1 trajectories (writer and reader) for particle runs.
 
-Layout (../shared/reference/HDF5_FORMATS.md, section 1; DESIGN.md "CONTRACT: files"):
+Layout (README "Output files"; what MDAnalysis accepts is checked by tests/test_md.py):
 
 ```
 /h5md                      version = [1, 1]; author/name; creator/name, version

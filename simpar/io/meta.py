@@ -1,4 +1,4 @@
-"""Run metadata stored as attributes on every output file (DESIGN.md, CONTRACT: files)."""
+"""Run metadata stored as attributes on every output file, and the run summary of every model."""
 
 from __future__ import annotations
 

@@ -276,6 +276,8 @@ class ShardedEngine(Engine):
         self.mesh = _mesh(self.grid, self.devices)
 
     def sharding(self, ndim: int) -> NamedSharding:
+        """``NamedSharding`` of a global field with ``ndim`` axes: spatial axes split over the
+        mesh, leading component axes whole."""
         lead = (None,) * (ndim - self.model.ndim)
         return NamedSharding(self.mesh, P(*lead, *self.grid.axis_names))
 

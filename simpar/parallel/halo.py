@@ -176,7 +176,7 @@ class ShardMapComm(Comm):
         return lax.psum(x, names) if names else x
 
 
-class BlockedComm:
+class BlockedComm(Comm):
     """Every block at once, in the global view: the ``sharded`` engine's halo exchange.
 
     A field is one array ``(*grid.shape, *lead, n_0, ..., n_{d-1})``: the device-grid axes in
