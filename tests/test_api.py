@@ -290,3 +290,37 @@ def test_readme_python_examples_run():
     assert len(blocks) >= 3
     for i, block in enumerate(blocks):
         exec(compile(block, f"README.md python block {i}", "exec"), {"__name__": "__main__"})
+
+
+def test_every_public_module_function_class_and_method_has_a_docstring():
+    """As ``help()`` shows them (a method inherits its base class's docstring)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import simpar
+
+    names = ["simpar"] + [m.name for m in pkgutil.walk_packages(simpar.__path__, "simpar.")]
+    missing, total = [], 0
+    for modname in names:
+        if any(p.startswith("_") for p in modname.split(".")[1:]):
+            continue
+        mod = importlib.import_module(modname)
+        objs = [(modname, mod)]
+        for name, obj in vars(mod).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != modname:
+                continue
+            if inspect.isfunction(obj) or inspect.isclass(obj):
+                objs.append((f"{modname}.{name}", obj))
+                if inspect.isclass(obj):
+                    for m, v in vars(obj).items():
+                        if not m.startswith("_") and (
+                            inspect.isfunction(v) or isinstance(v, property)
+                        ):
+                            doc_of = getattr(obj, m) if inspect.isfunction(v) else v
+                            objs.append((f"{modname}.{name}.{m}", doc_of))
+        for qual, obj in objs:
+            total += 1
+            if not inspect.getdoc(obj):
+                missing.append(qual)
+    assert total > 300 and not missing, missing

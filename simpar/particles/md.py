@@ -78,7 +78,7 @@ class MDParams(NamedTuple):
     gamma: jax.Array
 
 
-def make_params(dt: float, kt: float = 0.0, gamma: float = 0.0, *, dtype=None) -> MDParams:
+def make_params(dt: float, kt: float = 0.0, gamma: float = 0.0, dtype=None) -> MDParams:
     """``MDParams`` with every leaf in ``dtype`` (a float64 run keeps dt in float64).
 
     Args:

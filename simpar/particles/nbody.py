@@ -61,7 +61,7 @@ class NBodyParams(NamedTuple):
     eps: Array
 
 
-def make_params(dt: float, G: float = 1.0, eps: float = 0.0, *, dtype=None) -> NBodyParams:
+def make_params(dt: float, G: float = 1.0, eps: float = 0.0, dtype=None) -> NBodyParams:
     """``NBodyParams`` with scalar leaves of ``dtype``.
 
     Args:
