@@ -27,7 +27,6 @@ from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.grid.model import GridSetup
 from simpar.io.files import check_output_path, final_status, write_error
-from simpar.memory import peak_memory_mib
 from simpar.parallel import distributed
 from simpar.parallel.engines import ENGINES, make_engine
 from simpar.parallel.ensemble import make_ensemble_engine
@@ -407,7 +406,6 @@ def run_grid(
             "cells": cells,
             "dt": float(setup.dt),
             "ensemble_members": ens.members if ens else None,
-            "peak_memory_mib": peak_memory_mib(),
         },
     )
 

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 import simpar
+from simpar.memory import peak_memory_mib
 
 
 def run_metadata(
@@ -69,6 +70,7 @@ SUMMARY_KEYS = (
     "frames",
     "resumed_from",
     "wall_s",
+    "peak_memory_mib",
     "rate",
     "rate_unit",
     "initial",
@@ -116,7 +118,8 @@ def run_summary(
       engine: engine name; mesh: device-mesh shape.
       dtype: ``"float32"`` or ``"float64"``.
       steps: time steps asked for (``time.steps`` / ``--steps``); frames: frames written.
-      wall_s: wall time of the stepping loop (s).
+      wall_s: wall time of the stepping loop (s); ``peak_memory_mib`` (the process's peak
+        resident memory, ``simpar.memory.peak_memory_mib``) is added.
       rate, rate_unit: the model's throughput and its unit (``"Mcell_updates/s"``,
         ``"atom_steps/s"``, ``"pair_interactions/s"``).
       initial, final: scalar (or small vector) observables at the first and last step
@@ -131,7 +134,7 @@ def run_summary(
     values = dict(
         model=model, path=str(path), run_status=run_status, engine=engine, mesh=list(mesh),
         dtype=str(dtype), steps=int(steps), frames=int(frames), resumed_from=resumed_from,
-        wall_s=float(wall_s), rate=float(rate), rate_unit=rate_unit, initial=initial,
+        wall_s=float(wall_s), peak_memory_mib=peak_memory_mib(), rate=float(rate), rate_unit=rate_unit, initial=initial,
         final=final, details=details,
     )  # fmt: skip
     return {k: _plain(values[k]) for k in SUMMARY_KEYS}

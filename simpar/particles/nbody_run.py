@@ -59,7 +59,7 @@ from simpar.io.files import (
 )
 from simpar.io.h5md import H5MDWriter
 from simpar.io.meta import run_metadata, run_summary
-from simpar.memory import check_fits, peak_memory_mib
+from simpar.memory import check_fits
 from simpar.parallel.ring import ENGINES, check_layout, make_engine
 from simpar.particles import checkpoint as particle_checkpoint
 from simpar.particles.nbody import Observables, make_params, plummer_sphere
@@ -367,7 +367,6 @@ def run_config(
             "energy_initial": e0,
             "energy_max_rel_error": max_de,
             "momentum_max_abs": max_p,
-            "peak_memory_mib": peak_memory_mib(),
         },
     )
 

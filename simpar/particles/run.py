@@ -78,7 +78,7 @@ from simpar.io.files import (
     write_error,
 )
 from simpar.io.meta import run_metadata, run_summary
-from simpar.memory import check_fits, peak_memory_mib
+from simpar.memory import check_fits
 from simpar.parallel import distributed
 from simpar.parallel.particles import shard_particles
 from simpar.particles import checkpoint as particle_checkpoint
@@ -544,6 +544,5 @@ def run_config(
             "energy_drift": th["total_energy"] - th0["total_energy"],
             "regrows": sim.regrows,
             "neighbor_builds": int(sim.nbrs.n_builds),
-            "peak_memory_mib": peak_memory_mib(),
         },
     )
