@@ -1,4 +1,4 @@
-"""The ``simpar`` command line (DESIGN.md, CONTRACT: command line).
+"""The ``simpar`` command line (``simpar --help``, ``simpar run --help``; README "Command line").
 
     simpar run CONFIG.toml [--engine E] [--devices N] [--mesh AxB[xC]] [--steps N]
                            [--out PATH] [--set key.sub=value ...] [--overwrite] [--quiet]
@@ -7,6 +7,7 @@
                            [--show-layout]
     simpar info [--devices N] [--mesh AxB[xC] [--engine E] [--grid NxM[xK]]]
     simpar plot OUT.h5
+    simpar --version
 
 Multi-process runs (``simpar.parallel.distributed``): one ``simpar run`` per process with the
 same arguments, plus where to meet (``--coordinator``, ``--num-processes``, ``--process-id``),
@@ -41,16 +42,52 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_INVALID)
 
 
+# listed in `simpar run --help` (kept equal to simpar.run's GRID_MODELS and PARTICLE_MODELS
+# by tests/test_api.py; importing simpar.run here would start JAX before --devices is set)
+MODELS = {
+    "heat": "diffusion (explicit finite differences)",
+    "wave": "the wave equation (leapfrog)",
+    "advection": "upwind / MUSCL advection of a scalar",
+    "gray_scott": "Gray-Scott reaction-diffusion",
+    "lbm": "lattice Boltzmann D2Q9 / D3Q19 (lid-driven cavity, shear waves)",
+    "lj": "Lennard-Jones / Morse molecular dynamics (H5MD output)",
+    "nbody": "gravitational N-body, Plummer sphere (H5MD output)",
+}
+RUN_EPILOG = (
+    "models ([model] name in the config):\n"
+    + "".join(f"  {k:<11} {v}\n" for k, v in MODELS.items())
+    + "\nexit codes:\n"
+    "  0  success; stdout holds one JSON summary (the same keys for every model)\n"
+    "  1  failed run (non-finite values, instability): names the step and the setting to\n"
+    "     change; every frame before it is kept, run_status = 'failed: ...'\n"
+    "  2  invalid input: names the key and what is allowed; no traceback, no output file\n"
+    "  130 interrupted (Ctrl-C)\n"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
+    from simpar import __version__
+
     p = _Parser(prog="simpar", description="Particle and grid simulations on JAX, across devices.")
+    p.add_argument("--version", action="version", version=f"simpar {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    r = sub.add_parser("run", help="run an experiment from a TOML config")
+    r = sub.add_parser(
+        "run",
+        help="run an experiment from a TOML config",
+        description="Run an experiment from a TOML config and write its output file.",
+        epilog=RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     r.add_argument("config", help="experiment TOML file, e.g. experiments/heat2d.toml")
     r.add_argument("--engine", help="single, pmap, shard_map or sharded (default: parallel.engine)")
     r.add_argument(
         "--devices", type=int, help="number of devices; on CPU creates N virtual devices"
     )
-    r.add_argument("--mesh", help="device grid, e.g. 8, 2x4, 2x2x2 (default: all devices along x)")
+    r.add_argument(
+        "--mesh",
+        help="device grid, e.g. 8, 2x4, 2x2x2 (default: all devices along x; engine single "
+        "runs on one device whatever the mesh)",
+    )
     r.add_argument("--steps", type=int, help="number of time steps (default: time.steps)")
     r.add_argument("--out", help="output path (default: output.path)")
     r.add_argument(
@@ -90,10 +127,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _configure_jax(devices: int | None) -> None:
-    """Must run before JAX initialises its backends."""
+    """Must run before JAX initialises its backends (``run`` and ``info`` share it).
+
+    Turns 64-bit JAX on for this process: float64 configs need it, float32 runs stay
+    float32 (every array has an explicit dtype); see ``simpar.precision``.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     import jax
 
+    jax.config.update("jax_enable_x64", True)
     if devices is not None:
         try:
             jax.config.update("jax_num_cpu_devices", int(devices))
@@ -126,7 +168,7 @@ def _cmd_info(args) -> int:
         "local_device_count": jax.local_device_count(),
         "process_index": jax.process_index(),
         "process_count": jax.process_count(),
-        "x64": bool(jax.config.jax_enable_x64),
+        "x64": bool(jax.config.jax_enable_x64),  # as a run uses it (_configure_jax)
     }
     print(json.dumps(info, indent=2))
     if mesh is not None:
@@ -197,8 +239,6 @@ def _cmd_run(args) -> int:
 
     signals.check()
 
-    # float64 configs need x64; float32 runs stay float32 (every array has an explicit dtype)
-    jax.config.update("jax_enable_x64", True)
     if devices is not None and devices > len(jax.local_devices()):
         raise ConfigError(
             "--devices",

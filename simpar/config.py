@@ -51,6 +51,7 @@ class Section:
         self._children: dict[str, Section] = {}
 
     def key(self, name: str) -> str:
+        """The dotted config key of ``name`` in this section, e.g. ``"grid.shape"``."""
         return f"{self.prefix}.{name}" if self.prefix else name
 
     def __contains__(self, name: str) -> bool:

@@ -2,7 +2,7 @@
 
 On a non-terminal (CI logs, ``nohup``), tqdm would write carriage-return updates onto one
 endless line; instead a line built with ``tqdm.format_meter`` is logged every ``every`` seconds
-(see ../shared/reference/HDF5_FORMATS.md section 5).
+(a carriage-return bar in a log file is one unreadable line per run).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Progress:
         )
 
     def update(self, k: int = 1, **postfix) -> None:
+        """Count ``k`` more steps; ``postfix`` values (e.g. ``T=1.44``) are shown with them."""
         self.n += int(k)
         if not self.enabled:
             return
@@ -65,7 +66,17 @@ class Progress:
                 line += " " + " ".join(f"{k}={v}" for k, v in postfix.items())
             print(line, file=self.file, flush=True)
 
+    def write(self, line: str) -> None:
+        """Print a line (e.g. a thermo row) to the progress stream without breaking the bar."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(line, file=self.file)
+        else:
+            print(line, file=self.file, flush=True)
+
     def close(self) -> None:
+        """Close the bar (if any)."""
         if self.bar is not None:
             self.bar.close()
 

@@ -27,7 +27,6 @@ from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.grid.model import GridSetup
 from simpar.io.files import check_output_path, final_status, write_error
-from simpar.memory import peak_memory_mib
 from simpar.parallel import distributed
 from simpar.parallel.engines import ENGINES, make_engine
 from simpar.parallel.ensemble import make_ensemble_engine
@@ -46,6 +45,7 @@ def grid_setup(cfg: Section) -> GridSetup:
 
 
 def model_name(data: dict) -> str:
+    """``[model] name`` of a config, checked against the known models (``ConfigError``)."""
     name = (
         Section(data)
         .section("model", required=True)
@@ -81,7 +81,9 @@ def run_config(
       show_layout: print which device holds which block before the run (grid models).
 
     Returns:
-      A summary: output path, steps, wall time, final diagnostics.
+      The run summary, with the same keys for every model (``simpar.io.meta.SUMMARY_KEYS``:
+      path, model, engine, mesh, dtype, steps, frames, run_status, wall time, rate, initial
+      and final observables, model-specific ``details``).
 
     Raises:
       ConfigError: invalid input (nothing written).
@@ -162,8 +164,9 @@ def run_grid(
     resume=False,
     show_layout=False,
 ) -> dict:
+    """``run_config`` for the grid models (same arguments and summary; see there)."""
     from simpar.io import checkpoint
-    from simpar.io.meta import run_metadata
+    from simpar.io.meta import run_metadata, run_summary
     from simpar.io.netcdf import GridWriter
 
     cfg = Section(data)
@@ -245,6 +248,7 @@ def run_grid(
             "check the [initial] settings",
         )
     variables = {}
+    step_coord = {"coordinates": "step"}  # CF: xarray shows step as a coordinate of time
     member = ("ensemble",) if ens else ()  # the member dimension follows time
     for f in out_fields:
         variables[f] = {
@@ -252,23 +256,28 @@ def run_grid(
             "dtype": domain.dtype,
             "units": model.units.get(f, "1"),
             "long_name": model.long_names.get(f, f),
+            "attrs": step_coord,
         }
     for k, v in obs.items():
         if k == "nonfinite":
             continue
+        units, long_name = model.diagnostic_attrs(k)
         if np.ndim(v) == 1 + len(member):
             variables[k] = {
                 "dims": ("time", *member, names[-1]),
                 "dtype": "float64",
-                "units": "1",
-                "long_name": f"{k[:-8]} averaged over {', '.join(names[:-1])}",
+                "units": units,
+                "long_name": f"{model.long_names.get(k[:-8], k[:-8])} averaged over "
+                f"{', '.join(names[:-1])}",
+                "attrs": step_coord,
             }
         else:
             variables[k] = {
                 "dims": ("time", *member),
                 "dtype": "float64",
-                "units": "1",
-                "long_name": k,
+                "units": units,
+                "long_name": long_name,
+                "attrs": step_coord,
             }
     attrs = run_metadata(
         config_text,
@@ -303,13 +312,19 @@ def run_grid(
             attrs=attrs,
             overwrite=overwrite,
             xdmf_min_interval=2.0,
+            time_units=model.time_units,
+            length_units=model.length_units,
             key=path_key,
             ensemble=ens.members if ens else None,
         )
 
+    frames = 0
+    obs0 = obs
     last_good = [f"{path} (no frame written)"]
 
     def frame(step, host_state, obs):
+        nonlocal frames
+        frames += 1
         if not main:
             return
         if ens:
@@ -374,18 +389,27 @@ def run_grid(
     finally:
         final_status(writer, None)
     wall = time.perf_counter() - t0
-    return {
-        "path": str(path),
-        "model": model.name,
-        "engine": engine,
-        "mesh": list(eng.grid.shape),
-        "steps": n_steps,
-        "resumed_from": start if resume else None,
-        "wall_s": wall,
-        "Mcell_updates_per_s": cells * (n_steps - start) / wall / 1e6 if wall > 0 else float("nan"),
-        "final": {k: (v.tolist() if np.ndim(v) == len(member) else None) for k, v in obs.items()},
-        "peak_memory_mib": peak_memory_mib(),
-    }
+    scalars = lambda o: {k: v for k, v in o.items() if np.ndim(v) == len(member)}  # noqa: E731
+    return run_summary(
+        model=model.name,
+        path=path,
+        engine=engine,
+        mesh=eng.grid.shape,
+        dtype=domain.dtype,
+        steps=n_steps,
+        frames=frames,
+        resumed_from=start if resume else None,
+        wall_s=wall,
+        rate=cells * (n_steps - start) / wall / 1e6 if wall > 0 else float("nan"),
+        rate_unit="Mcell_updates/s",
+        initial=scalars(obs0),
+        final=scalars(obs),
+        details={
+            "cells": cells,
+            "dt": float(setup.dt),
+            "ensemble_members": ens.members if ens else None,
+        },
+    )
 
 
 def run_file(path: str, overrides=(), **kwargs) -> dict:

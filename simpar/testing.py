@@ -71,6 +71,7 @@ def run_engines(
 
 
 def max_abs_diff(a: dict, b: dict) -> float:
+    """Largest ``|a[k] - b[k]|`` over every field ``k`` of ``a`` (compared in float64)."""
     return max(
         float(np.max(np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64))))
         for k in a

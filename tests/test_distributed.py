@@ -1,7 +1,7 @@
 """Multi-process runs (``jax.distributed``): two local processes of 4 CPU devices each, gloo.
 
 The same path runs on a cluster with one process per host; here both processes run on this
-machine (DESIGN.md, "Scale beyond one machine"). Each run's output is compared with a
+machine (README "More than one process"). Each run's output is compared with a
 one-process run of the same config: the fields bitwise, global sums to round-off.
 Budget: about a minute on 2 CPU cores.
 """

@@ -130,7 +130,7 @@ def test_xarray_reads_file(tmp_path, shape, ext):
         assert int(a["seed"]) == 42
         assert a["run_status"] == "complete"
 
-    # Low-level recipe facts (HDF5_FORMATS.md section 2).
+    # Low-level recipe facts (the layout list in simpar/io/netcdf.py).
     with h5py.File(path, "r") as f:
         assert f["time"].maxshape == (None,)
         assert np.isnan(f["time"].fillvalue)

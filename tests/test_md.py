@@ -192,10 +192,10 @@ def test_h5md_written_and_opened_by_mdanalysis(tmp_path):
         np.testing.assert_allclose(ts.positions, pos[ts.frame], rtol=1e-6)
         np.testing.assert_allclose(ts.dimensions[:3], edges[ts.frame], rtol=1e-6)
         np.testing.assert_allclose(ts.dimensions[3:], 90.0)
-    assert u.trajectory[-1].data["total_energy"] == pytest.approx(res["thermo"]["total_energy"])
+    assert u.trajectory[-1].data["total_energy"] == pytest.approx(res["final"]["total_energy"])
     fr = h5md.read_frame(path)
     assert fr["step"] == 20 and fr["position"].dtype == np.float64
-    assert fr["observables"]["pressure"] == pytest.approx(res["thermo"]["pressure"])
+    assert fr["observables"]["pressure"] == pytest.approx(res["final"]["pressure"])
     np.testing.assert_allclose(fr["box"], 5 * (4 / 0.8442) ** (1 / 3))
 
     # a state exported by another code (MDAnalysis's own H5MD writer, float32) continues
@@ -207,7 +207,7 @@ def test_h5md_written_and_opened_by_mdanalysis(tmp_path):
     res2 = run_config(cont, dumps(cont), engine=None, mesh=None, steps=0, out=None,
                       progress=False)  # fmt: skip
     for k in ("potential_energy", "temperature", "pressure"):
-        assert res2["thermo0"][k] == pytest.approx(res["thermo"][k], rel=1e-5)
+        assert res2["initial"][k] == pytest.approx(res["final"][k], rel=1e-5)
 
 
 @pytest.mark.parametrize("ensemble", ["nve", "langevin"])
@@ -246,8 +246,8 @@ def test_sharded_equals_single(tmp_path):
     a, b = h5md.read_frame(one["path"]), h5md.read_frame(eight["path"])
     np.testing.assert_allclose(b["position"], a["position"], atol=1e-12)
     np.testing.assert_allclose(b["velocity"], a["velocity"], atol=1e-12)
-    for k, v in one["thermo"].items():
-        assert eight["thermo"][k] == pytest.approx(v, rel=1e-12, abs=1e-12)
+    for k, v in one["final"].items():
+        assert eight["final"][k] == pytest.approx(v, rel=1e-12, abs=1e-12)
     with h5py.File(eight["path"]) as f:
         assert f["parameters"].attrs["device_mesh"].tolist() == [8]
 
@@ -298,13 +298,13 @@ def test_melt_experiment_step0_matches_lammps(tmp_path, capsys):
     data = tomllib.loads(open("experiments/lj_melt.toml").read())
     res = run_config(data, dumps(data), engine=None, mesh=None, steps=0,
                      out=str(tmp_path / "melt.h5md"), progress=True)  # fmt: skip
-    th = res["thermo0"]
+    th = res["initial"]
     # examples/melt log, 4,000 atoms: 0 3 -6.7733681 0 -2.2744931 -3.7033504. (Not in
     # data/reference; the values also follow from in.lj's: KE/N = 1.5 T (1 - 1/N) and
     # P_kin = rho T (1 - 1/N) with the same E_pair and pair virial.)
     assert [lammps(th[k]) for k in ("temperature", "potential_energy", "total_energy",
                                     "pressure")] == ["3", "-6.7733681", "-2.2744931", "-3.7033504"]  # fmt: skip
-    out = capsys.readouterr().out
-    assert "Step" in out and "-6.7733681" in out
+    err = capsys.readouterr().err  # the thermo table goes to stderr (stdout: the summary)
+    assert "Step" in err and "-6.7733681" in err
     bench = tomllib.loads(open("experiments/lj_bench.toml").read())
     assert bench["system"]["cells"] == [20, 20, 20] and bench["neighbors"]["skin"] == 0.3

@@ -267,12 +267,12 @@ def test_driver_writes_h5md(tmp_path):
     data = _config(tmp_path)
     text = dumps(data)
     out = run_config(data, text, engine="pmap", mesh=(2,), steps=None, out=None, progress=False)
-    assert out["frames"] == 3 and out["devices"] == 2 and out["engine"] == "pmap"
-    assert out["energy_max_rel_error"] < 5e-4  # N = 64: measured 7e-5
+    assert out["frames"] == 3 and out["mesh"] == [2] and out["engine"] == "pmap"
+    assert out["details"]["energy_max_rel_error"] < 5e-4  # N = 64: measured 7e-5
     path = tmp_path / "run.h5md"
     with h5py.File(path, "r") as f:
         meta = f["parameters"].attrs
-        assert meta["run_status"] == "completed" and meta["unit_system"] == "nbody"
+        assert meta["run_status"] == "complete" and meta["unit_system"] == "nbody"
         assert meta["engine"] == "pmap" and meta["config"] == text
         assert list(meta["device_mesh"]) == [2]
         assert list(f["particles/trajectory/box"].attrs["boundary"]) == ["none"] * 3
@@ -298,7 +298,7 @@ def test_driver_writes_h5md(tmp_path):
     np.testing.assert_allclose(last, ref.pos, rtol=0, atol=1e-12)
     import MDAnalysis as mda
 
-    u = mda.Universe(str(path))  # no extra arguments (DESIGN.md contract)
+    u = mda.Universe(str(path))  # no extra arguments (README "Output files")
     assert u.trajectory.n_frames == 3 and len(u.atoms) == 64
     u.trajectory[2]
     np.testing.assert_allclose(u.atoms.positions, last, rtol=1e-6, atol=1e-6)
@@ -342,7 +342,7 @@ def test_driver_engine_single_from_command_line_ignores_config_devices(tmp_path)
     out = run_config(
         data, dumps(data), engine="single", mesh=None, steps=0, out=None, progress=False
     )
-    assert (out["engine"], out["devices"], out["frames"]) == ("single", 1, 1)
+    assert (out["engine"], out["mesh"], out["frames"]) == ("single", [1], 1)
 
 
 def test_driver_detects_nan(tmp_path):

@@ -58,7 +58,7 @@ from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import stencils
 from simpar.grid.boundary import Dirichlet, Neumann, Periodic
-from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config
+from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config, param_dtype
 from simpar.grid.heat import gaussian
 from simpar.grid.model import GridModel, GridSetup
 
@@ -183,11 +183,12 @@ def make_model(
         bcs=field_bcs,
         update=update,
         local_sums=local_sums,
-        units={"q": "1", **{n: "length/time" for n in vnames}},
+        units={"q": "1", **{n: "m s-1" for n in vnames}},
         long_names={
-            "q": "advected scalar",
+            "q": "advected scalar (dimensionless concentration)",
             **{n: f"velocity along {AXIS_NAMES[a]}" for a, n in enumerate(vnames)},
         },
+        diagnostics={"mass": (f"m{ndim}", "integral of q over the domain")},
     )
 
 
@@ -200,10 +201,10 @@ def _velocity_bcs(lo, hi, normal: bool) -> tuple:
     return (wall, wall)
 
 
-def make_params(domain: Domain, dt: float, velocity=None) -> dict[str, jax.Array]:
-    """Params in the domain dtype: ``dt`` (time), ``dx`` (``(ndim,)``, length) and, for a
-    uniform flow, ``velocity`` (``(ndim,)``, length/time)."""
-    dt_ = np.dtype(domain.dtype)
+def make_params(domain: Domain, dt: float, velocity=None, *, dtype=None) -> dict[str, jax.Array]:
+    """Params in the domain dtype (or ``dtype``): ``dt`` (s), ``dx`` (``(ndim,)``, m) and,
+    for a uniform flow, ``velocity`` (``(ndim,)``, m s-1)."""
+    dt_ = param_dtype(domain, dtype)
     params = {"dt": jnp.asarray(dt, dt_), "dx": jnp.asarray(domain.dx, dt_)}
     if velocity is not None:
         params["velocity"] = jnp.asarray(velocity, dt_)

@@ -33,6 +33,16 @@ class Dirichlet:
     periodic = False
 
     def fill(self, inner: jnp.ndarray, axis: int, side: int) -> jnp.ndarray:
+        """Halo cells from the ``w`` interior cells next to the wall.
+
+        Args:
+          inner: the interior slab next to the wall, width ``w`` along ``axis``.
+          axis: the array axis normal to the wall.
+          side: 0 for the lower wall, 1 for the upper (unused: the rule is symmetric).
+
+        Returns:
+          The halo slab, same shape and dtype as ``inner``.
+        """
         return jnp.asarray(2 * self.value, inner.dtype) - jnp.flip(inner, axis)
 
 
@@ -43,6 +53,7 @@ class Neumann:
     periodic = False
 
     def fill(self, inner: jnp.ndarray, axis: int, side: int) -> jnp.ndarray:
+        """Halo cells: the mirror image of ``inner`` (arguments as ``Dirichlet.fill``)."""
         return jnp.flip(inner, axis)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simpar import precision
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import boundary
@@ -34,19 +35,25 @@ class Domain:
     Attributes:
       shape: cells per axis (x, y[, z]).
       length: box size per axis (length units).
-      dtype: ``"float32"`` or ``"float64"``.
+      dtype: ``"float32"`` or ``"float64"`` (float64 needs 64-bit JAX: a ``ConfigError``
+        names the fix when ``jax_enable_x64`` is off, see ``simpar.precision``).
     """
 
     shape: tuple[int, ...]
     length: tuple[float, ...]
     dtype: str = "float32"
 
+    def __post_init__(self):
+        precision.require(self.dtype, "Domain.dtype")
+
     @property
     def ndim(self) -> int:
+        """Number of spatial axes (2 or 3)."""
         return len(self.shape)
 
     @property
     def dx(self) -> tuple[float, ...]:
+        """Cell size per axis (length units)."""
         return tuple(L / n for L, n in zip(self.length, self.shape, strict=True))
 
     def coords(self) -> list[np.ndarray]:
@@ -56,6 +63,24 @@ class Domain:
     def mesh(self) -> list[np.ndarray]:
         """``np.meshgrid(..., indexing="ij")`` of the cell centres."""
         return np.meshgrid(*self.coords(), indexing="ij")
+
+
+def param_dtype(domain, dtype=None) -> np.dtype:
+    """The dtype of a grid model's params: ``dtype`` if given, else the domain's.
+
+    Every grid model's ``make_params(domain, <physics by name>, dt, *, dtype=None)`` uses
+    it, so params and state share one dtype (a float64 run never rounds ``dt``).
+
+    Args:
+      domain: a :class:`Domain`, or (older ``lbm.make_params`` calls) a dtype.
+      dtype: optional override.
+
+    Raises:
+      ConfigError: float64 with 64-bit JAX off (``simpar.precision``).
+    """
+    if dtype is None:
+        dtype = domain.dtype if isinstance(domain, Domain) else domain
+    return precision.require(dtype, "dtype")
 
 
 def outer_product(factors, scale: float = 1.0, dtype=np.float64) -> np.ndarray:
@@ -101,12 +126,19 @@ def uniform_random(shape, seed: int, scale: float = 1.0, dtype=np.float64) -> np
 
 
 def domain_from_config(cfg: Section, ndims=(2, 3)) -> Domain:
+    """The ``[grid]`` table as a :class:`Domain`.
+
+    Raises:
+      ConfigError: a bad shape, length or dtype (``grid.dtype = "float64"`` with 64-bit JAX
+        off names the fix).
+    """
     g = cfg.section("grid", required=True)
     shape = g.get("shape", kind=int, length=ndims, min=1)
     length = g.get(
         "length", [1.0] * len(shape), kind=float, length=len(shape), min=0.0, exclusive_min=True
     )
     dtype = g.get("dtype", "float32", kind=str, choices=DTYPES)
+    precision.require(dtype, g.key("dtype"))
     return Domain(tuple(shape), tuple(length), dtype)
 
 

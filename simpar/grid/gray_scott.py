@@ -57,7 +57,7 @@ import numpy as np
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import stencils
-from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config
+from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config, param_dtype
 from simpar.grid.model import GridModel, GridSetup
 
 PRESETS = {
@@ -108,10 +108,11 @@ def make_model(ndim: int, bcs: tuple) -> GridModel:
 
 
 def make_params(
-    domain: Domain, Du: float, Dv: float, F: float, k: float, dt: float
+    domain: Domain, Du: float, Dv: float, F: float, k: float, dt: float, *, dtype=None
 ) -> dict[str, jax.Array]:
-    """Params in the domain dtype (see ``make_model``)."""
-    dt_ = np.dtype(domain.dtype)
+    """Params in the domain dtype or ``dtype`` (see ``make_model``): diffusivities ``Du``,
+    ``Dv`` (m2 s-1), feed ``F`` and kill ``k`` rates (s-1), ``dt`` (s), ``dx`` (m)."""
+    dt_ = param_dtype(domain, dtype)
     values = {"Du": Du, "Dv": Dv, "F": F, "k": k, "dt": dt, "dx": domain.dx}
     return {name: jnp.asarray(value, dt_) for name, value in values.items()}
 

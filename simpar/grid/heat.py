@@ -30,6 +30,7 @@ from simpar.grid.domain import (
     boundaries_from_config,
     domain_from_config,
     outer_product,
+    param_dtype,
     uniform_random,
 )
 from simpar.grid.model import GridModel, GridSetup
@@ -60,13 +61,24 @@ def make_model(ndim: int, bcs: tuple, stencil: str = "5pt") -> GridModel:
         radius=1,
         bcs={"u": bcs},
         update=update,
-        units={"u": "1"},
+        units={"u": "K"},
         long_names={"u": "temperature"},
     )
 
 
-def make_params(domain: Domain, diffusivity: float, dt: float) -> dict:
-    dt_ = np.dtype(domain.dtype)
+def make_params(domain: Domain, diffusivity: float, dt: float, *, dtype=None) -> dict:
+    """Params of ``make_model`` (array leaves: ``jax.grad`` / ``vmap`` over them work).
+
+    Args:
+      domain: the box (gives ``dx`` and the dtype).
+      diffusivity: D (m2 s-1).
+      dt: time step (s).
+      dtype: override of the domain's dtype.
+
+    Returns:
+      ``{"diffusivity": (), "dt": (), "dx": (ndim,)}`` arrays of the dtype.
+    """
+    dt_ = param_dtype(domain, dtype)
     return {
         "diffusivity": jnp.asarray(diffusivity, dt_),
         "dt": jnp.asarray(dt, dt_),
@@ -75,6 +87,7 @@ def make_params(domain: Domain, diffusivity: float, dt: float) -> dict:
 
 
 def diffusion_number(domain: Domain, diffusivity: float, dt: float) -> float:
+    """``D dt sum_i 1/dx_i^2``; the explicit scheme is stable up to ``STABILITY_LIMIT``."""
     return diffusivity * dt * sum(1 / h**2 for h in domain.dx)
 
 
@@ -106,6 +119,12 @@ def gaussian(
 
 
 def from_config(cfg: Section) -> GridSetup:
+    """Read ``[grid]``, ``[boundary]``, ``[physics]``, ``[initial]``, ``[time]``.
+
+    Raises:
+      ConfigError: an unstable ``time.dt`` (the message gives the largest stable dt), a
+        9-point stencil in 3-D or on non-square cells, or an invalid key.
+    """
     domain = domain_from_config(cfg)
     d = domain.ndim
     bcs = boundaries_from_config(cfg, d)

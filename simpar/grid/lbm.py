@@ -83,7 +83,7 @@ from jax import lax
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import boundary, stencils
-from simpar.grid.domain import Domain, domain_from_config
+from simpar.grid.domain import Domain, domain_from_config, param_dtype
 from simpar.grid.model import GridModel, GridSetup
 
 CS2 = 1.0 / 3.0
@@ -111,10 +111,12 @@ class Lattice:
 
     @property
     def d(self) -> int:
+        """Number of spatial axes (2 or 3)."""
         return len(self.c[0])
 
     @property
     def q(self) -> int:
+        """Number of populations (9 for D2Q9, 19 for D3Q19)."""
         return len(self.c)
 
     @cached_property
@@ -155,6 +157,7 @@ class WallFlag:
     periodic = False
 
     def fill(self, inner: jax.Array, axis: int, side: int) -> jax.Array:
+        """Halo cells all equal to the flag ``value`` (shape and dtype of ``inner``)."""
         return jnp.full(inner.shape, self.value, inner.dtype)
 
 
@@ -367,9 +370,11 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
             "kinetic_energy": 0.5 * jnp.sum(rho * sum(ua * ua for ua in u)),
         }
 
+    # lattice units: density relative to the reference density (dimensionless); one cell
+    # per step is 1 m s-1 (module docstring: time = steps * dx, lengths in m)
     units = {name: "1" for name in names}
     units.update({"wall": "1", "rho": "1"})
-    units.update({f"u{AXES[a]}": "length/time" for a in range(d)})
+    units.update({f"u{AXES[a]}": "m s-1" for a in range(d)})
     long_names = {
         name: f"post-collision {lattice.name} population {i} minus its weight (lattice units)"
         for i, name in enumerate(names)
@@ -391,20 +396,30 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
         units=units,
         long_names=long_names,
         diagnosed=(),
+        diagnostics={
+            "mass": ("1", "sum of the density over all cells (lattice units)"),
+            "kinetic_energy": ("m2 s-2", "sum of rho |u|^2 / 2 over all cells (lattice units)"),
+        },
     )
 
 
-def make_params(dtype, viscosity: float, u_wall=None, rho0: float = 1.0, d: int = 2) -> dict:
-    """Params in the state dtype.
+def make_params(
+    domain, viscosity: float, u_wall=None, rho0: float = 1.0, d: int | None = None, *, dtype=None
+) -> dict:
+    """Params in the state dtype (the shape every grid model's ``make_params`` has).
 
     Args:
-      dtype: ``"float32"`` or ``"float64"``.
+      domain: the :class:`~simpar.grid.domain.Domain` (gives the dtype and ``d``), or, as
+        in older calls, a dtype ``"float32"`` / ``"float64"``.
       viscosity: kinematic viscosity nu (lattice units, > 0).
       u_wall: velocity of moving walls, ``d`` values (lattice units); default zero.
       rho0: reference density of the moving-wall term (lattice units).
-      d: number of spatial axes.
+      d: number of spatial axes (default: the domain's, else 2).
+      dtype: override of the domain's dtype.
     """
-    dt_ = np.dtype(dtype)
+    dt_ = param_dtype(domain, dtype)
+    if d is None:
+        d = domain.ndim if isinstance(domain, Domain) else 2
     uw = np.zeros(d) if u_wall is None else np.asarray(u_wall, float)
     return {
         "viscosity": jnp.asarray(viscosity, dt_),
@@ -414,6 +429,7 @@ def make_params(dtype, viscosity: float, u_wall=None, rho0: float = 1.0, d: int 
 
 
 def tau_from_viscosity(nu: float) -> float:
+    """BGK relaxation time ``tau = 3 nu + 1/2`` of kinematic viscosity ``nu`` (lattice units)."""
     return 3 * nu + 0.5
 
 
@@ -644,7 +660,7 @@ def from_config(cfg: Section) -> GridSetup:
     setup = GridSetup(
         model=model,
         domain=domain,
-        params=make_params(domain.dtype, nu, u_wall, rho0, d),
+        params=make_params(domain, nu, u_wall, rho0),
         state=init_state(model, lattice, rho, u, domain.dtype),
         dt=float(domain.dx[0]),
         output=output_fields(lattice),
@@ -685,7 +701,7 @@ def lattice_setup(
     setup = GridSetup(
         model=model,
         domain=domain,
-        params=make_params(dtype, viscosity, [u_lid] + [0.0] * (d - 1), rho0, d),
+        params=make_params(domain, viscosity, [u_lid] + [0.0] * (d - 1), rho0),
         state=init_state(model, lattice, np.full(shape, rho0), u, dtype),
         dt=1.0,
         output=output_fields(lattice),

@@ -36,10 +36,15 @@ class GridModel:
       bcs: field name -> tuple over spatial axes of ``(lower, upper)`` boundary conditions.
       update: the per-block step (see module docstring).
       local_sums: optional per-block contributions to global diagnostics.
-      units: field name -> units string for outputs.
+      units: field name -> CF ``units`` (UDUNITS spelling, e.g. ``"K"``, ``"m s-1"``;
+        ``"1"`` only for a truly dimensionless quantity such as a mass fraction).
       long_names: field name -> description for outputs.
       diagnosed: fields whose sum, min, max and profile the engines report (``None``: every
         floating-point field). The non-finite check always covers every floating-point field.
+      diagnostics: ``local_sums`` name -> ``(units, long_name)`` for outputs.
+      length_units, time_units: CF units of the coordinates and of ``time``. Grid configs
+        are read in SI units (lengths in m, times in s, diffusivities in m2 s-1, ...);
+        ``lbm`` runs in lattice units mapped to one cell = ``dx`` m, one step = ``dx`` s.
     """
 
     name: str
@@ -51,10 +56,32 @@ class GridModel:
     units: Mapping[str, str] = field(default_factory=dict)
     long_names: Mapping[str, str] = field(default_factory=dict)
     diagnosed: tuple[str, ...] | None = None
+    diagnostics: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    length_units: str = "m"
+    time_units: str = "s"
 
     @property
     def fields(self) -> tuple[str, ...]:
+        """Names of the state fields (the keys of ``bcs``)."""
         return tuple(self.bcs)
+
+    def diagnostic_attrs(self, name: str) -> tuple[str, str]:
+        """CF ``(units, long_name)`` of a diagnostic reported by the engines' ``observe``.
+
+        ``<field>_sum``, ``_min``, ``_max`` and ``_profile`` take the field's units; the
+        model's own ``local_sums`` are described by ``diagnostics``.
+        """
+        if name in self.diagnostics:
+            return tuple(self.diagnostics[name])
+        what = {"_sum": "sum over all cells of", "_min": "minimum of", "_max": "maximum of"}
+        for suffix in (*what, "_profile"):
+            f = name[: -len(suffix)]
+            if name.endswith(suffix) and f in self.bcs:
+                long = self.long_names.get(f, f)
+                if suffix == "_profile":
+                    return self.units.get(f, "1"), f"{long} averaged over all axes but the last"
+                return self.units.get(f, "1"), f"{what[suffix]} {long}"
+        return "1", name
 
     @property
     def periodic(self) -> tuple[bool, ...]:

@@ -47,7 +47,7 @@ from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import stencils
 from simpar.grid.boundary import Dirichlet, Neumann
-from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config
+from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config, param_dtype
 from simpar.grid.heat import gaussian
 from simpar.grid.model import GridModel, GridSetup
 
@@ -101,14 +101,24 @@ def make_model(ndim: int, bcs: tuple) -> GridModel:
         bcs={"u": bcs, "u_prev": bcs},
         update=update,
         local_sums=local_sums,
-        units={"u": "1", "u_prev": "1"},
+        units={"u": "m", "u_prev": "m"},
         long_names={"u": "displacement", "u_prev": "displacement one time step earlier"},
+        diagnosed=("u",),
+        diagnostics={
+            name: (f"m{ndim + 2} s-2", f"{what} (1/2 integral of {term} dV, per unit density)")
+            for name, what, term in (
+                ("energy", "total energy", "u_t^2 + c^2 |grad u|^2"),
+                ("kinetic_energy", "kinetic energy", "u_t^2"),
+                ("potential_energy", "potential energy", "c^2 |grad u|^2"),
+            )
+        },
     )
 
 
-def make_params(domain: Domain, c: float, dt: float) -> dict[str, jax.Array]:
-    """Params in the domain dtype: ``c`` (length/time), ``dt`` (time), ``dx`` (``(ndim,)``)."""
-    dt_ = np.dtype(domain.dtype)
+def make_params(domain: Domain, c: float, dt: float, *, dtype=None) -> dict[str, jax.Array]:
+    """Params in the domain dtype (or ``dtype``): ``c`` (m s-1), ``dt`` (s), ``dx``
+    (``(ndim,)``, m)."""
+    dt_ = param_dtype(domain, dtype)
     return {
         "c": jnp.asarray(c, dt_),
         "dt": jnp.asarray(dt, dt_),
@@ -244,4 +254,5 @@ def from_config(cfg: Section) -> GridSetup:
         params=make_params(domain, c, dt),
         state=initial_state(u0, domain, bcs, c, dt),
         dt=dt,
+        output={"u": lambda s: s["u"]},  # u_prev is internal (kept in the checkpoint only)
     )

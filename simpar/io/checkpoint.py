@@ -3,8 +3,8 @@
 A checkpoint is a small HDF5 file ``<output>.ckpt`` holding every state array (global, host
 NumPy), the step, the resolved config text and the model name. It is written to a temporary
 file, fsync'ed and moved into place with ``os.replace``, so a kill at any moment leaves either
-the previous checkpoint or the new one, never a half-written file
-(../shared/reference/HDF5_FORMATS.md section 4, recipe 3).
+the previous checkpoint or the new one, never a half-written file (the write-then-rename
+recipe of ``simpar.io.files``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from simpar.io.files import write_hdf5_atomic
 
 
 def checkpoint_path(output: str | os.PathLike) -> Path:
+    """The restart checkpoint of an output file: ``<output>.ckpt``."""
     return Path(str(output) + ".ckpt")
 
 

@@ -1,6 +1,6 @@
 """H5MD 1.1 trajectories (writer and reader) for particle runs.
 
-Layout (../shared/reference/HDF5_FORMATS.md, section 1; DESIGN.md "CONTRACT: files"):
+Layout (README "Output files"; what MDAnalysis accepts is checked by tests/test_md.py):
 
 ```
 /h5md                      version = [1, 1]; author/name; creator/name, version
@@ -14,7 +14,8 @@ Layout (../shared/reference/HDF5_FORMATS.md, section 1; DESIGN.md "CONTRACT: fil
 /observables/<name>/{value [T], step, time}     every frame: temperature, pressure, and
                                                 potential/kinetic/total energy per atom
 /parameters                run metadata attributes (config TOML text, versions, engine,
-                           mesh, dtype, seed, ...) and ``unit_system``
+                           mesh, dtype, seed, ...), ``unit_system`` and ``run_status``
+                           (``running`` / ``complete`` / ``failed: <reason>``)
 /parameters/rng_key/{value [T,2] uint32, step, time}   Langevin key per frame (optional)
 ```
 
@@ -33,15 +34,22 @@ by 9e-16 sigma after 10 steps, 2e-15 after 50 and 1e-11 after 550 in float64; 1e
 are unaffected; for an exact continuation use ``simpar run --resume``, which restores the
 neighbour-list state from the checkpoint (``simpar.particles.checkpoint``).
 
-Units (decision): simpar works in Lennard-Jones reduced units (sigma, tau, epsilon, m),
-for which neither H5MD nor MDAnalysis has a name, and MDAnalysis refuses a file without
-``unit`` attributes unless called with extra arguments. We therefore write ``unit``
-attributes as vlen ``str`` naming MDAnalysis's *base* units, ``"A"``, ``"ps"``,
-``"A ps-1"`` and ``"kJ mol-1 Angstrom-1"``, for which MDAnalysis applies no conversion:
-``MDAnalysis.Universe(path)`` opens the file and returns exactly the stored reduced
-numbers. The labels mean 1 sigma, 1 tau and 1 epsilon / sigma; ``/parameters`` carries
-``unit_system = "lj"`` and each value carries ``reduced_unit`` (e.g. ``"sigma"``) so no
-one mistakes them for real Angstrom.
+Units (decision): simpar works in reduced units (Lennard-Jones: sigma, tau, epsilon, m;
+N-body: Henon units), for which neither H5MD nor MDAnalysis has a name, and MDAnalysis
+refuses a file whose position/velocity/force/time carry no ``unit`` it knows unless called
+with extra arguments. So that ``MDAnalysis.Universe(path)`` opens the file and returns
+exactly the stored reduced numbers, those four elements and the box carry MDAnalysis's
+*base* units as ``unit`` (``"A"``, ``"ps"``, ``"A ps-1"``, ``"kJ mol-1 Angstrom-1"``: no
+conversion is applied). Everything else states the truth where tools look:
+
+- ``/h5md/modules/units`` (the H5MD 1.1 units module): ``system`` (``"lj"`` or
+  ``"nbody"``) and ``description`` (the unit symbols and what the compatibility labels
+  stand for); ``/parameters`` repeats ``unit_system``;
+- every element carries ``reduced_unit`` in the system's symbols (``"sigma"``,
+  ``"sigma tau-1"``, ``"tau"``, ``"epsilon sigma-1"``; N-body ``"L"``, ``"L T-1"``, ``"T"``);
+- observables carry their true ``unit`` (``"epsilon"``, ``"epsilon kB-1"``,
+  ``"epsilon sigma-3"``; MDAnalysis reads observables without converting them);
+- ``simpar plot`` labels axes with ``reduced_unit``; ``read_frame`` returns ``unit_system``.
 
 Crash safety: a frame is appended to every element first, then ``step`` and ``time`` are
 written last (the commit marker) and the file is flushed, so a killed run leaves a
@@ -50,7 +58,6 @@ readable file with every completed frame. Default libver (not "latest").
 
 from __future__ import annotations
 
-import getpass
 import os
 from collections.abc import Mapping, Sequence
 
@@ -59,6 +66,7 @@ import numpy as np
 
 import simpar
 from simpar.io.files import create_hdf5, ensure_space
+from simpar.io.meta import author
 
 UNITS = {
     "position": ("A", "sigma"),
@@ -67,12 +75,23 @@ UNITS = {
     "edges": ("A", "sigma"),
     "time": ("ps", "tau"),
 }
-OBS_UNITS = {
-    "temperature": "epsilon k_B-1",
-    "potential_energy": "epsilon (per atom)",
-    "kinetic_energy": "epsilon (per atom)",
-    "total_energy": "epsilon (per atom)",
+OBS_UNITS = {  # true units of the LJ observables (energies per atom, as LAMMPS prints)
+    "temperature": "epsilon kB-1",
+    "potential_energy": "epsilon",
+    "kinetic_energy": "epsilon",
+    "total_energy": "epsilon",
     "pressure": "epsilon sigma-3",
+}
+UNIT_SYSTEMS = {
+    "lj": "Lennard-Jones reduced units: length sigma, energy epsilon, mass m, time "
+    "tau = sigma sqrt(m / epsilon), temperature epsilon / kB. The 'unit' labels A, ps, "
+    "A ps-1 and kJ mol-1 Angstrom-1 on position, time, velocity, force and box are "
+    "compatibility labels for MDAnalysis: read them as sigma, tau, sigma tau-1 and "
+    "epsilon sigma-1 (see each element's reduced_unit).",
+    "nbody": "N-body (Henon) units: G = 1, total mass M = 1, total energy -1/4 for the "
+    "Plummer sphere (virial radius L = 1), time T = sqrt(L^3 / (G M)). The 'unit' labels "
+    "A, ps and A ps-1 are compatibility labels for MDAnalysis: read them as L, T and "
+    "L T-1 (see each element's reduced_unit).",
 }
 
 
@@ -104,6 +123,8 @@ class H5MDWriter:
       extra: ``extra(writer)`` adds to the layout before the file is published (N-body
         vector observables).
       key: the option or config key named in errors about ``path``.
+      unit_system: ``"lj"`` or ``"nbody"`` (``UNIT_SYSTEMS``), written to the H5MD units
+        module and ``/parameters``.
 
     Raises:
       ConfigError: ``path`` exists (or appeared meanwhile) and ``overwrite`` is false.
@@ -127,6 +148,7 @@ class H5MDWriter:
         overwrite: bool = False,
         extra=None,
         key: str = "--out",
+        unit_system: str = "lj",
     ):
         self.path = os.fspath(path)
         self.n = int(n_atoms)
@@ -138,14 +160,15 @@ class H5MDWriter:
             self.file = f
             h = f.create_group("h5md")
             h.attrs["version"] = np.array([1, 1], np.int32)
-            try:
-                user = getpass.getuser()
-            except Exception:  # no passwd entry in some containers
-                user = "unknown"
-            f.create_group("h5md/author").attrs["name"] = user
+            # H5MD requires an author name; no login name is written unless asked for
+            f.create_group("h5md/author").attrs["name"] = author() or "anonymous"
             c = f.create_group("h5md/creator")
             c.attrs["name"] = "simpar"
             c.attrs["version"] = simpar.__version__
+            units = f.create_group("h5md/modules/units")
+            units.attrs["version"] = np.array([1, 0], np.int32)
+            units.attrs["system"] = unit_system
+            units.attrs["description"] = UNIT_SYSTEMS.get(unit_system, unit_system)
             g = self.group = f.create_group("particles/trajectory")
             box = g.create_group("box")
             box.attrs["dimension"] = np.int32(3)
@@ -169,11 +192,14 @@ class H5MDWriter:
             self._element(box, "edges", (3,), self.dtype, UNITS["edges"])
             obs = f.create_group("observables")
             for name in observables:
-                self._element(obs, name, (), "f8", ("", OBS_UNITS.get(name, "")))
+                unit = OBS_UNITS.get(name, "") if unit_system == "lj" else ""
+                self._element(obs, name, (), "f8", (unit, unit))
             params = f.create_group("parameters")
-            params.attrs["unit_system"] = "lj"
-            for key, value in (attrs or {}).items():
-                params.attrs[key] = _attr(value)
+            params.attrs["unit_system"] = unit_system
+            for name, value in (attrs or {}).items():
+                if value is not None:
+                    params.attrs[name] = _attr(value)
+            params.attrs["run_status"] = "running"
             if rng_key:
                 self._element(params, "rng_key", (2,), "u4", ("", ""))
             if mass is not None:
@@ -330,6 +356,7 @@ class H5MDWriter:
             self.file.flush()
 
     def close(self) -> None:
+        """Close the file (frames already appended are on disk)."""
         if self.file:
             self.file.close()
             self.file = None
@@ -337,7 +364,12 @@ class H5MDWriter:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and self.file:
+            # an error inside the with block: the file says why the run stopped
+            self.set_status(
+                f"failed: {exc}" if isinstance(exc, Exception) else "failed: interrupted"
+            )
         self.close()
 
 
@@ -378,7 +410,8 @@ def read_frame(path: str | os.PathLike, frame: int = -1, group: str | None = Non
       dict with ``position`` [N,3], ``velocity`` [N,3] or None, ``force`` or None,
       ``box`` [3] (None without edges), ``boundary`` (list of str), ``step`` (int),
       ``time`` (float), ``mass`` [N] or None, ``rng_key`` uint32[2] or None, and
-      ``observables`` (dict of floats at that frame). Values are not unit-converted.
+      ``observables`` (dict of floats at that frame), ``unit_system`` (``"lj"``,
+      ``"nbody"``, ``"SI"``, ... or None). Values are not unit-converted.
 
     Raises:
       ValueError: the file has no particles group, no position, or not that frame.
@@ -423,4 +456,9 @@ def read_frame(path: str | os.PathLike, frame: int = -1, group: str | None = Non
                 if el["value"].shape[0] > k:
                     obs[name] = float(el["value"][k])
         out["observables"] = obs
+        mod = f.get("h5md/modules/units")
+        system = mod.attrs.get("system") if mod is not None else None
+        if system is None and params is not None:
+            system = params.attrs.get("unit_system")
+        out["unit_system"] = system.decode() if isinstance(system, bytes) else system
         return out

@@ -1,13 +1,13 @@
 """Grid output: netCDF4 files (layout by ``h5netcdf``, frames by h5py), plus an XDMF sidecar.
 
-Contract (DESIGN.md, "CONTRACT: files"): ``xarray.open_dataset(path,
+Contract (README "Output files"; tests/test_io_netcdf.py): ``xarray.open_dataset(path,
 engine="h5netcdf")`` opens the file directly, with named dimensions ``time`` and the
 spatial axes (``x``, ``y``[, ``z``]) carrying coordinate values, one variable per field
 with time first, and the run metadata as global attributes. ParaView opens the XDMF
 sidecar ``PATH.xdmf`` (``path + ".xdmf"``).
 
-Layout, following reference/HDF5_FORMATS.md sections 2-4 (each point was verified
-there against xarray, netCDF4, ncdump and VTK's readers)::
+Layout (each point verified against xarray, netCDF4, ncdump and VTK's readers when this
+writer was designed; tests/test_io_netcdf.py checks xarray and the HDF5-level recipe)::
 
     /time   f8[T]  unlimited (maxshape None), NaN fill + _FillValue, axis="T"
     /z /y /x f8[n] cell-centre coordinates, dimension scales, NO axis attribute
@@ -552,6 +552,7 @@ class GridWriter:
 
     @property
     def closed(self) -> bool:
+        """Whether the file has been closed."""
         return self._f is None
 
     def __enter__(self) -> GridWriter:

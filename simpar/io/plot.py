@@ -1,4 +1,4 @@
-"""Quick-look PNGs of an output file: ``simpar plot OUT.h5`` (DESIGN.md, command line).
+"""Quick-look PNGs of an output file: ``simpar plot OUT.h5`` (the command line's ``plot``).
 
 Grid files (written by :class:`simpar.io.netcdf.GridWriter`; recognised by a ``time``
 dimension scale and variables whose first dim is ``time``) give, next to the file:
@@ -11,7 +11,9 @@ dimension scale and variables whose first dim is ``time``) give, next to the fil
 
 H5MD particle files (a ``/h5md`` or ``/particles`` group) give
 ``<stem>_observables.png`` (every ``/observables/*/value`` against time) and
-``<stem>_positions.png`` (x-y scatter of the last ``position`` frame).
+``<stem>_positions.png`` (x-y scatter of the last ``position`` frame), labelled in the
+file's true units (``reduced_unit``: sigma and tau for LJ, L and T for N-body; see
+``simpar.io.h5md``), not in the Angstrom/ps compatibility labels MDAnalysis needs.
 
 Models can add their own figures (e.g. lid-driven cavity against reference points):
 register a function in :data:`PLOTTERS` under the model name that the file carries in
@@ -257,8 +259,13 @@ def _plot_series(
 
 # --------------------------------------------------------------------------- H5MD
 def _h5md_unit(ds: h5py.Dataset) -> str:
-    u = _text(ds.attrs["unit"]) if "unit" in ds.attrs else ""
-    return f" [{u}]" if u else ""
+    """Axis-label suffix: the true unit (``reduced_unit`` where simpar wrote MDAnalysis
+    compatibility labels such as "A" for sigma), else ``unit``; none for "1"."""
+    for key in ("reduced_unit", "unit"):
+        if key in ds.attrs:
+            u = _text(ds.attrs[key])
+            return f" [{u}]" if u and u != "1" else ""
+    return ""
 
 
 def _plot_h5md(f: h5py.File, path: Path) -> list[Path]:

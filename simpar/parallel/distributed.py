@@ -42,13 +42,13 @@ class NoWriter:
         pass
 
     def append(self, *args, **kwargs):
-        pass
+        """Write nothing (process 0 writes the frame)."""
 
     def set_status(self, status):
-        pass
+        """Do nothing (process 0 sets ``run_status``)."""
 
     def close(self):
-        pass
+        """Do nothing."""
 
     def __enter__(self):
         return self
@@ -112,6 +112,7 @@ def initialize(
 
 
 def process_count() -> int:
+    """Number of processes in this run (1 unless ``initialize`` joined a multi-process run)."""
     import jax
 
     return jax.process_count()

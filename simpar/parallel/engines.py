@@ -277,6 +277,8 @@ class ShardedEngine(Engine):
         self.mesh = _mesh(self.grid, self.devices)
 
     def sharding(self, ndim: int) -> NamedSharding:
+        """``NamedSharding`` of a global field with ``ndim`` axes: spatial axes split over the
+        mesh, leading component axes whole."""
         lead = (None,) * (ndim - self.model.ndim)
         return NamedSharding(self.mesh, P(*lead, *self.grid.axis_names))
 
@@ -483,7 +485,9 @@ def make_engine(
       name: one of ``ENGINES``.
       model: the grid model.
       domain_shape: global cells per spatial axis.
-      mesh: device-grid shape (default: all given devices along x); ``single`` needs 1 device.
+      mesh: device-grid shape (default: all given devices along x); ``single`` runs on one
+        device and ignores it, as ``simpar run --engine single --mesh 2x4`` does, so one
+        mesh serves a loop over every engine.
       halo: halo width (default ``model.radius``).
       devices: devices to use (default ``jax.devices()``, the first ``prod(mesh)``).
 
@@ -495,8 +499,10 @@ def make_engine(
             "--engine", f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}"
         )
     available = list(devices) if devices is not None else jax.devices()
-    if mesh is None:
-        mesh = (1,) if name == "single" else (len(available),)
+    if name == "single":
+        mesh = (1,)  # one device whatever the mesh, as on the command line
+    elif mesh is None:
+        mesh = (len(available),)
     if halo is None:
         # 4 steps per exchange by default: one halo fill then four fused stencil passes ran
         # 2x faster than a fill per step (experiments/bench_heat.py); capped by the block size
@@ -516,10 +522,6 @@ def make_engine(
             "--engine",
             f"engine 'single' runs in one process; this run has {jax.process_count()} "
             "(use pmap, shard_map or sharded)",
-        )
-    if name == "single" and math.prod(mesh) != 1:
-        raise ConfigError(
-            "--mesh", f"engine 'single' runs on one device; got mesh {'x'.join(map(str, mesh))}"
         )
     grid = make_device_grid(mesh, domain_shape, model.periodic, halo)
     if grid.size > len(available):

@@ -133,6 +133,8 @@ class ShardedEnsemble(_VmappedMembers, ShardedEngine):
         self.mesh = _ensemble_mesh(self.members, grid, self.devices)
 
     def sharding(self, ndim: int) -> NamedSharding:
+        """``NamedSharding`` of an ensemble field ``(members, *lead, *spatial)``: members over
+        the member axis, spatial axes over the grid axes."""
         lead = (None,) * (ndim - 1 - self.model.ndim)
         return NamedSharding(self.mesh, P(MEMBER_AXIS, *lead, *self.grid.axis_names))
 

@@ -34,7 +34,46 @@ from jax import lax
 from simpar.parallel.topology import DeviceGrid
 
 
-class LocalComm:
+class Comm:
+    """What a block's halo fill and reductions ask of the engine (the methods' contract).
+
+    ``LocalComm``, ``PmapComm`` and ``ShardMapComm`` answer it; physics code only sees it
+    through ``pad`` / ``fill_edges`` and the engines' ``observe``.
+    """
+
+    ndim: int
+
+    def extent(self, axis: int) -> int:
+        """Number of devices along grid ``axis`` (1: the block spans the axis)."""
+        raise NotImplementedError
+
+    def shift(self, x, axis: int, direction: int):
+        """``x`` from the neighbour at ``-direction`` along ``axis`` (each device sends its
+        ``x`` to the neighbour at ``+direction``); zeros at a non-periodic outer edge."""
+        raise NotImplementedError
+
+    def coord(self, axis: int):
+        """This device's coordinate along grid ``axis`` (a traced int under pmap/shard_map)."""
+        raise NotImplementedError
+
+    def psum(self, x):
+        """Sum of ``x`` over every device."""
+        raise NotImplementedError
+
+    def pmax(self, x):
+        """Maximum of ``x`` over every device."""
+        raise NotImplementedError
+
+    def pmin(self, x):
+        """Minimum of ``x`` over every device."""
+        raise NotImplementedError
+
+    def psum_over(self, x, axes: Sequence[int]):
+        """Sum over the devices that differ only along grid ``axes`` (rows/columns)."""
+        raise NotImplementedError
+
+
+class LocalComm(Comm):
     """The block is the whole domain on every axis."""
 
     def __init__(self, ndim: int):
@@ -62,7 +101,7 @@ class LocalComm:
         return x
 
 
-class PmapComm:
+class PmapComm(Comm):
     """Neighbours and reductions under ``jax.pmap`` over one flat axis.
 
     Args:
@@ -97,7 +136,6 @@ class PmapComm:
         return lax.pmin(x, self.axis_name)
 
     def psum_over(self, x, axes: Sequence[int]):
-        """Sum over the devices that differ only along grid ``axes`` (rows/columns)."""
         axes = [a for a in axes if self.grid.shape[a] > 1]
         if not axes:
             return x
@@ -106,7 +144,7 @@ class PmapComm:
         return lax.psum(x, self.axis_name, axis_index_groups=self.grid.groups(axes))
 
 
-class ShardMapComm:
+class ShardMapComm(Comm):
     """Neighbours and reductions under ``jax.shard_map`` on a mesh named ``grid.axis_names``."""
 
     def __init__(self, grid: DeviceGrid):
@@ -137,7 +175,7 @@ class ShardMapComm:
         return lax.psum(x, names) if names else x
 
 
-class BlockedComm:
+class BlockedComm(Comm):
     """Every block at once, in the global view: the ``sharded`` engine's halo exchange.
 
     A field is one array ``(*grid.shape, *lead, n_0, ..., n_{d-1})``: the device-grid axes in

@@ -48,10 +48,12 @@ class Collective:
 
     @property
     def elements(self) -> int:
+        """Array elements moved (all its arrays together)."""
         return sum(math.prod(dims) for _, dims in self.shapes)
 
     @property
     def nbytes(self) -> int:
+        """Bytes moved (all its arrays together)."""
         return sum(math.prod(dims) * _itemsize(dt) for dt, dims in self.shapes)
 
     @property

@@ -42,14 +42,17 @@ class DeviceGrid:
 
     @property
     def ndim(self) -> int:
+        """Number of grid axes (1 to 3)."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """Number of devices in the grid."""
         return math.prod(self.shape)
 
     @property
     def axis_names(self) -> tuple[str, ...]:
+        """Mesh axis names, ``("x", "y", "z")[:ndim]``."""
         return AXIS_NAMES[: self.ndim]
 
     def coords(self, index: int) -> tuple[int, ...]:
@@ -57,6 +60,7 @@ class DeviceGrid:
         return tuple(int(c) for c in np.unravel_index(index, self.shape))
 
     def index(self, coords: Sequence[int]) -> int:
+        """Flat device index (C order) of grid ``coords``; inverse of ``coords``."""
         return int(np.ravel_multi_index(tuple(coords), self.shape))
 
     def shift_pairs(self, axis: int, direction: int) -> list[tuple[int, int]]:

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar import precision
+
 BASIS = {
     "fcc": np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]]),
     "sc": np.array([[0.0, 0.0, 0.0]]),
@@ -28,18 +30,19 @@ def lattice_constant(kind: str, density: float) -> float:
     return float((len(BASIS[kind]) / density) ** (1.0 / 3.0))
 
 
-def cubic_lattice(kind: str, density: float, cells, dtype=jnp.float64):
+def cubic_lattice(kind: str, density: float, cells, dtype=None):
     """Atoms of an fcc or simple cubic lattice filling ``cells`` unit cells.
 
     Args:
       kind: ``"fcc"`` or ``"sc"``.
       density: number density (sigma^-3).
       cells: (nx, ny, nz) unit cells along each axis.
-      dtype: float dtype of the result.
+      dtype: float dtype of the result (None: JAX's default float, ``simpar.precision``).
 
     Returns:
       (positions float[N, 3], box float[3]) with ``N = basis * nx * ny * nz`` (sigma).
     """
+    dtype = precision.resolve(dtype)
     a = lattice_constant(kind, density)
     nx, ny, nz = (int(c) for c in cells)
     grid = np.stack(
@@ -60,7 +63,7 @@ def kinetic_temperature(velocity, mass, valid=None):
     return twice_ke / (3 * n - 3)
 
 
-def maxwell_boltzmann(key, n: int, temperature: float, mass=1.0, valid=None, dtype=jnp.float64):
+def maxwell_boltzmann(key, n: int, temperature: float, mass=1.0, valid=None, dtype=None):
     """Maxwell-Boltzmann velocities, zero total momentum, temperature exactly T.
 
     Args:
@@ -69,11 +72,12 @@ def maxwell_boltzmann(key, n: int, temperature: float, mass=1.0, valid=None, dty
       temperature: target T (epsilon / k_B), counted with 3N - 3 degrees of freedom.
       mass: scalar or float[n] masses.
       valid: bool[n] occupied slots (others get zero velocity); default all.
-      dtype: float dtype.
+      dtype: float dtype (None: JAX's default float, ``simpar.precision``).
 
     Returns:
       float[n, 3] velocities (sigma / tau).
     """
+    dtype = precision.resolve(dtype)
     valid = jnp.ones(n, bool) if valid is None else jnp.asarray(valid, bool)
     m = jnp.broadcast_to(jnp.asarray(mass, dtype), (n,))
     v = jax.random.normal(key, (n, 3), dtype) / jnp.sqrt(m)[:, None]

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar import precision
 from simpar.particles import integrate, neighbors, observables
 from simpar.particles.neighbors import NeighborList, NeighborSpec
 from simpar.particles.potentials import PairPotential, pair_terms
@@ -77,8 +78,19 @@ class MDParams(NamedTuple):
     gamma: jax.Array
 
 
-def make_params(dt: float, kt: float = 0.0, gamma: float = 0.0, dtype=jnp.float64):
-    """``MDParams`` with every leaf in ``dtype`` (a float64 run keeps dt in float64)."""
+def make_params(dt: float, kt: float = 0.0, gamma: float = 0.0, dtype=None) -> MDParams:
+    """``MDParams`` with every leaf in ``dtype`` (a float64 run keeps dt in float64).
+
+    Args:
+      dt: time step (tau).
+      kt: Langevin temperature (epsilon); unused for NVE.
+      gamma: Langevin friction (1 / tau); unused for NVE.
+      dtype: float dtype of the leaves; None: JAX's default float (``simpar.precision``).
+
+    Returns:
+      ``MDParams`` of scalar array leaves.
+    """
+    dtype = precision.resolve(dtype)
     a = lambda x: jnp.asarray(x, dtype=dtype)  # noqa: E731
     return MDParams(a(dt), a(kt), a(gamma))
 
@@ -324,7 +336,7 @@ def make_simulation(
         position, jnp.where(valid[:, None], velocity, 0.0), jnp.zeros_like(position),
         mass, valid, key, jnp.int32(step), zero, zero,
     )  # fmt: skip
-    params = make_params(dt, kt, gamma, dtype)
+    params = make_params(dt, kt, gamma, dtype=dtype)
     if placement is not None:
         state, nbrs, space, pot, params = placement((state, nbrs, space, pot, params))
     sim = Simulation(ensemble, space, pot, params, spec, state, nbrs, capacity_factor, placement)

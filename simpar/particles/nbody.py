@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar import precision
+
 Array = jax.Array
 
 
@@ -59,8 +61,16 @@ class NBodyParams(NamedTuple):
     eps: Array
 
 
-def make_params(dt: float, G: float = 1.0, eps: float = 0.0, dtype=jnp.float64) -> NBodyParams:
-    """``NBodyParams`` with scalar leaves of ``dtype``."""
+def make_params(dt: float, G: float = 1.0, eps: float = 0.0, dtype=None) -> NBodyParams:
+    """``NBodyParams`` with scalar leaves of ``dtype``.
+
+    Args:
+      dt: time step [time].
+      G: gravitational constant.
+      eps: Plummer softening length [length].
+      dtype: float dtype of the leaves; None: JAX's default float (``simpar.precision``).
+    """
+    dtype = precision.resolve(dtype)
     return NBodyParams(
         dt=jnp.asarray(dt, dtype), G=jnp.asarray(G, dtype), eps=jnp.asarray(eps, dtype)
     )

@@ -22,13 +22,14 @@ LJ runs), with open boundaries (``boundary = "none"``, zero box edges), velociti
 masses, and observables at every frame: ``kinetic_energy``, ``potential_energy``,
 ``total_energy``, ``virial_ratio`` ``[T]`` and ``momentum``, ``angular_momentum``
 ``[T, 3]`` (whole-system totals). Run metadata and physics parameters are attributes of
-``/parameters`` (with ``run_status``: running / completed / failed).
+``/parameters`` (with ``run_status``: running / complete / failed: <reason>).
 
 Units are N-body units (G = M = 1, E = -1/4 for the Plummer sphere). Following
-``simpar.io.h5md``'s convention, ``unit`` attributes name MDAnalysis's base units ("A",
-"ps"), so ``MDAnalysis.Universe(path)`` opens the file and returns the stored numbers
-unconverted; ``reduced_unit`` attributes and ``/parameters`` ``unit_system = "nbody"``
-say what they really are.
+``simpar.io.h5md``'s convention, position/velocity/time ``unit`` attributes name
+MDAnalysis's base units ("A", "ps"), so ``MDAnalysis.Universe(path)`` opens the file and
+returns the stored numbers unconverted; ``/h5md/modules/units`` ``system = "nbody"``,
+``reduced_unit`` attributes (``L``, ``L T-1``, ``T``) and the observables' ``unit`` say
+what they really are.
 
 Restart: with each frame the whole state (positions, velocities, accelerations, masses,
 step; ``simpar.particles.checkpoint``) is written atomically to ``<path>.ckpt``;
@@ -46,7 +47,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from simpar import signals
+from simpar import precision, signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import checkpoint
@@ -57,8 +58,8 @@ from simpar.io.files import (
     write_error,
 )
 from simpar.io.h5md import H5MDWriter
-from simpar.io.meta import run_metadata
-from simpar.memory import check_fits, peak_memory_mib
+from simpar.io.meta import run_metadata, run_summary
+from simpar.memory import check_fits
 from simpar.parallel.ring import ENGINES, check_layout, make_engine
 from simpar.particles import checkpoint as particle_checkpoint
 from simpar.particles.nbody import Observables, make_params, plummer_sphere
@@ -88,18 +89,19 @@ def _observable_values(obs: Observables) -> dict[str, np.ndarray]:
     }
 
 
-# N-body units written with simpar.io.h5md's labelling convention: MDAnalysis's base
-# units (no conversion on reading) as ``unit``, the real meaning as ``reduced_unit``.
+# N-body units (symbols of ``simpar.io.h5md.UNIT_SYSTEMS["nbody"]``): ``reduced_unit`` of
+# every element; observables also carry them as their ``unit`` (MDAnalysis does not convert
+# observables). Energies and momenta are whole-system totals.
 _NBODY_UNITS = {
-    "position": "N-body length (r_V = 1)",
-    "velocity": "N-body velocity",
-    "edges": "N-body length (unused: open boundaries)",
-    "kinetic_energy": "N-body energy (total, E0 = -1/4)",
-    "potential_energy": "N-body energy (total, E0 = -1/4)",
-    "total_energy": "N-body energy (total, E0 = -1/4)",
-    "virial_ratio": "dimensionless (T / |W|)",
-    "momentum": "N-body momentum (total)",
-    "angular_momentum": "N-body angular momentum (total)",
+    "position": "L",
+    "velocity": "L T-1",
+    "edges": "L",
+    "kinetic_energy": "M L+2 T-2",
+    "potential_energy": "M L+2 T-2",
+    "total_energy": "M L+2 T-2",
+    "virial_ratio": "1",
+    "momentum": "M L T-1",
+    "angular_momentum": "M L+2 T-1",
 }
 _VECTORS = ("momentum", "angular_momentum")
 
@@ -125,7 +127,9 @@ def _open_output(
             grp["step"], grp["time"] = writer.step, writer.time  # hard links
         for name, ds in writer.elements.items():
             ds.attrs["reduced_unit"] = _NBODY_UNITS[name]
-        writer.time.attrs["reduced_unit"] = "N-body time (crossing time 2 sqrt(2))"
+            if name in _OBSERVABLES:
+                ds.attrs["unit"] = _NBODY_UNITS[name]
+        writer.time.attrs["reduced_unit"] = "T"  # crossing time 2 sqrt(2) T
 
     return H5MDWriter(
         path,
@@ -139,6 +143,7 @@ def _open_output(
         overwrite=overwrite,
         extra=extra,
         key=key,
+        unit_system="nbody",
     )
 
 
@@ -146,6 +151,8 @@ def _devices_for(engine: str, from_cli: bool, mesh, cfg_devices, cfg_mesh) -> in
     """Ring size from ``--mesh``, else ``parallel.devices`` / ``parallel.mesh``."""
     if mesh is not None:
         mesh = tuple(mesh)
+        if engine == "single":
+            return 1  # one device whatever the mesh, as for every model
         if len(mesh) != 1:
             shape = "x".join(map(str, mesh))
             raise ConfigError(
@@ -196,9 +203,10 @@ def run_config(
         may differ from the original config).
 
     Returns:
-      Summary: path, engine, devices, n, steps, frames, initial and final total energy,
-      max relative energy error over the frames, max |total momentum|, wall time and
-      pair interactions per second.
+      The run summary (``simpar.io.meta.run_summary``, the same keys for every model):
+      ``initial`` / ``final`` observables (energies, virial ratio, momenta), ``rate`` in
+      pair interactions/s, ``mesh = [devices]``, and ``details`` with ``n``, the max
+      relative energy error over the frames and the max |total momentum|.
 
     Raises:
       ConfigError: invalid config or options (raised before any file is created).
@@ -210,6 +218,7 @@ def run_config(
     n = part.get("n", kind=int, min=2)
     seed = part.get("seed", 0, kind=int, min=0)
     dtype = part.get("dtype", "float64", kind=str, choices=("float32", "float64"))
+    precision.require(dtype, part.key("dtype"))
     tsec = cfg.section("time", required=True)
     dt = tsec.get("dt", kind=float, min=0.0, exclusive_min=True)
     cfg_steps = tsec.get("steps", kind=int, min=0)
@@ -254,9 +263,6 @@ def run_config(
             "--out",
             f"output file {path} exists; pass --overwrite to replace it or choose another --out",
         )
-    if dtype == "float64" and not jax.config.jax_enable_x64:
-        # The driver is a top-level entry point: float64 runs need 64-bit JAX.
-        jax.config.update("jax_enable_x64", True)
 
     itemsize = np.dtype(dtype).itemsize
     check_fits(  # pair arrays of one target block against its sources dominate
@@ -279,13 +285,11 @@ def run_config(
         model=name,
     )
     attrs = meta | {
-        "unit_system": "nbody",
         "units": "N-body (Henon) units: G = M = 1, E = -1/4 (Plummer), r_V = 1",
         "n": np.int64(n),
         "G": np.float64(G),
         "softening": np.float64(eps),
         "dt": np.float64(dt),
-        "run_status": "running",
     }
     signals.check()  # stopped during set-up or compilation: no output is created
     if ck is not None:
@@ -322,6 +326,7 @@ def run_config(
                 last_good = f"{path} (frames up to step {step})"
             obs = _observable_values(eng.observables(dstate, params))
             _check_finite(obs, step, None, step)
+            obs0 = obs
             e0 = float(ck["energy_initial"]) if ck is not None else float(obs["total_energy"])
             max_de = abs(float(obs["total_energy"]) / e0 - 1.0)
             max_p = float(np.abs(obs["momentum"]).max())
@@ -342,28 +347,29 @@ def run_config(
                     if step % every == 0 or step == n_steps:
                         frame(step, dstate, obs, e0)
                     bar.update(chunk, dE=f"{max_de:.1e}")
-            set_status_or_fail(writer, "completed", path, step, last_good)
+            set_status_or_fail(writer, "complete", path, step, last_good)
     wall = _time.monotonic() - t0
-    return {
-        "path": str(path),
-        "model": name,
-        "engine": engine,
-        "devices": n_devices,
-        "n": n,
-        "dtype": dtype,
-        "steps": n_steps,
-        "frames": writer.frames,
-        "energy_initial": e0,
-        "energy_final": float(obs["total_energy"]),
-        "energy_max_rel_error": max_de,
-        "momentum_max_abs": max_p,
-        "wall_s": wall,
-        "resumed_from": first if ck is not None else None,
-        "pair_interactions_per_s": float(n) * n * (n_steps - first) / wall
-        if wall > 0
-        else math.nan,
-        "peak_memory_mib": peak_memory_mib(),
-    }
+    return run_summary(
+        model=name,
+        path=path,
+        engine=engine,
+        mesh=(n_devices,),
+        dtype=dtype,
+        steps=n_steps,
+        frames=writer.frames,
+        resumed_from=first if ck is not None else None,
+        wall_s=wall,
+        rate=float(n) * n * (n_steps - first) / wall if wall > 0 else math.nan,
+        rate_unit="pair_interactions/s",
+        initial=obs0,
+        final=obs,
+        details={
+            "n": n,
+            "energy_initial": e0,
+            "energy_max_rel_error": max_de,
+            "momentum_max_abs": max_p,
+        },
+    )
 
 
 def _check_finite(obs: dict, step: int, checkpoint: str | None, last_good: int) -> None:

@@ -22,6 +22,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from simpar import precision
+
 KINDS = ("lj", "morse")
 
 
@@ -47,16 +49,40 @@ class PairPotential:
     kind: str = dataclasses.field(default="lj", metadata=dict(static=True))
 
 
-def lennard_jones(
-    epsilon=1.0, sigma=1.0, cutoff=2.5, shift=False, dtype=jnp.float64
-) -> PairPotential:
-    """Lennard-Jones cut at ``cutoff`` (optionally energy-shifted)."""
+def lennard_jones(epsilon=1.0, sigma=1.0, cutoff=2.5, shift=False, dtype=None) -> PairPotential:
+    """Lennard-Jones cut at ``cutoff`` (optionally energy-shifted).
+
+    Args:
+      epsilon: well depth (energy unit epsilon).
+      sigma: zero crossing of the potential (length unit sigma).
+      cutoff: cutoff radius rc (sigma).
+      shift: shift the energy to zero at rc (forces unchanged).
+      dtype: float dtype of the parameter leaves; None: JAX's default float (float64
+        with ``jax_enable_x64``, else float32; see ``simpar.precision``).
+
+    Returns:
+      A ``PairPotential`` of kind ``"lj"`` with scalar leaves of ``dtype``.
+
+    Raises:
+      ConfigError: ``dtype`` is float64 and 64-bit JAX is off.
+    """
+    dtype = precision.resolve(dtype)
     a = lambda x: jnp.asarray(x, dtype=dtype)  # noqa: E731
     return PairPotential(a(epsilon), a(sigma), a(cutoff), a(0.0), a(float(shift)), "lj")
 
 
-def morse(d0=1.0, alpha=5.0, r0=1.0, cutoff=2.5, shift=False, dtype=jnp.float64) -> PairPotential:
-    """Morse potential with depth ``d0``, stiffness ``alpha``, minimum at ``r0``."""
+def morse(d0=1.0, alpha=5.0, r0=1.0, cutoff=2.5, shift=False, dtype=None) -> PairPotential:
+    """Morse potential with depth ``d0``, stiffness ``alpha``, minimum at ``r0``.
+
+    Args:
+      d0: well depth (epsilon); alpha: stiffness (1 / sigma); r0: minimum (sigma).
+      cutoff: cutoff radius (sigma); shift: shift the energy to zero at the cutoff.
+      dtype: as for ``lennard_jones`` (None: JAX's default float).
+
+    Returns:
+      A ``PairPotential`` of kind ``"morse"``.
+    """
+    dtype = precision.resolve(dtype)
     a = lambda x: jnp.asarray(x, dtype=dtype)  # noqa: E731
     return PairPotential(a(d0), a(r0), a(cutoff), a(alpha), a(float(shift)), "morse")
 

@@ -67,7 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simpar import signals
+from simpar import precision, signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import checkpoint, h5md
@@ -77,8 +77,8 @@ from simpar.io.files import (
     status_on_exit,
     write_error,
 )
-from simpar.io.meta import run_metadata
-from simpar.memory import check_fits, peak_memory_mib
+from simpar.io.meta import run_metadata, run_summary
+from simpar.memory import check_fits
 from simpar.parallel import distributed
 from simpar.parallel.particles import shard_particles
 from simpar.particles import checkpoint as particle_checkpoint
@@ -98,6 +98,7 @@ def _read(data: dict, engine, mesh, steps, out):
     sysc = root.section("system")
     init = cfg["init"] = sysc.get("init", "lattice", kind=str, choices=("lattice", "h5md"))
     cfg["dtype"] = sysc.get("dtype", "float64", kind=str, choices=("float32", "float64"))
+    precision.require(cfg["dtype"], sysc.key("dtype"))
     cfg["mass"] = sysc.get("mass", 1.0, min=0.0, exclusive_min=True)
     if init == "lattice":
         cfg["lattice"] = sysc.get("lattice", "fcc", kind=str, choices=("fcc", "sc"))
@@ -181,12 +182,12 @@ def _read(data: dict, engine, mesh, steps, out):
     cfg["engine"] = eng
     ndev = len(jax.devices())
     mesh_cfg = par.get("mesh", None, kind=int, length=(1,), min=1)
-    mesh = tuple(mesh) if mesh is not None else (tuple(mesh_cfg) if mesh_cfg else None)
     if eng == "single":
-        if mesh is not None and math.prod(mesh) != 1:
-            raise ConfigError("parallel.mesh", f"engine 'single' runs on 1 device, got {mesh}")
+        # as for grid models: `single` runs on one device whatever the mesh (the mesh says
+        # how the other engines split the work, so one command line serves every engine)
         mesh = (1,)
     else:
+        mesh = tuple(mesh) if mesh is not None else (tuple(mesh_cfg) if mesh_cfg else None)
         mesh = mesh or (ndev,)
         if len(mesh) != 1:
             raise ConfigError("parallel.mesh", f"LJ uses a 1-D particle mesh, got {mesh}")
@@ -348,17 +349,17 @@ def run_config(
       mesh: device mesh for ``sharded`` (None: ``parallel.mesh`` or all devices).
       steps: overrides ``time.steps``.
       out: overrides ``output.path``.
-      progress: show a progress bar / log lines and the thermo lines.
+      progress: show a progress bar / log lines and a thermo row per frame (stderr).
       overwrite: replace an existing output file (else ``ConfigError`` on ``--out``).
       resume: continue from ``<out>.ckpt`` up to ``steps`` steps after the run's first
         step, appending to the output (only ``time.steps`` may differ from the original
-        config). ``thermo0`` and ``energy_drift`` then refer to the resumed state.
+        config). ``initial`` and ``energy_drift`` then refer to the resumed state.
 
     Returns:
-      Summary dict: ``path``, ``steps``, ``n_atoms``, ``engine``, ``mesh``, ``dtype``,
-      ``wall_s``, ``atom_steps_per_s``, ``thermo0`` and ``thermo`` (step 0 and final
-      observables), ``energy_drift`` (final minus initial total energy per atom),
-      ``regrows`` and ``neighbor_builds``.
+      The run summary (``simpar.io.meta.run_summary``, the same keys for every model):
+      ``initial`` / ``final`` are the thermo values at the first and last step, ``rate``
+      is in atom-steps/s, ``details`` holds ``n_atoms``, ``energy_drift`` (final minus
+      initial total energy per atom), ``regrows`` and ``neighbor_builds``.
 
     Raises:
       ConfigError: invalid config (no output file is created).
@@ -372,10 +373,6 @@ def run_config(
         )
     main = distributed.is_main()
     progress = progress and main
-    if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
-        # a top-level entry point: float64 runs need 64-bit JAX (float32 runs stay
-        # float32 either way, every array has an explicit dtype)
-        jax.config.update("jax_enable_x64", True)
     ck = None
     if resume:
         ck, ck_step = checkpoint.load_for_resume(cfg["path"], config_text, "lj")
@@ -435,8 +432,6 @@ def run_config(
     if not all(math.isfinite(x) for x in th0.values()):
         raise SimulationError(step0, "non-finite energy in the initial state",
                               "check system.* (overlapping atoms?)")  # fmt: skip
-    if progress:
-        print(observables.format_thermo(step0, th0, header=True), flush=True)
 
     seed = cfg.get("seed") if cfg["init"] == "lattice" else None
     attrs = run_metadata(
@@ -454,7 +449,11 @@ def run_config(
 
     last_good = [f"{path} (no frame written)"]
 
-    def frame(writer, th):
+    def frame(writer, th, bar):
+        """Append a frame and print its thermo row (stderr, LAMMPS-like: one per frame)."""
+        nonlocal frames
+        frames += 1
+        bar.write(observables.format_thermo(int(sim.state.step), th, header=frames == 1))
         s = sim.state
         position = host(s.position)[:n]
         velocity = host(s.velocity)[:n] if cfg["write_velocity"] else None
@@ -476,6 +475,7 @@ def run_config(
 
     t0 = time.perf_counter()
     done = first = 0 if ck is None else int(sim.state.step) - step0
+    frames = 0
     th = th0
     signals.check()  # stopped during set-up or compilation: no output is created
     if not main:
@@ -496,7 +496,7 @@ def run_config(
         ):
             writer.set_status("running")
             if ck is None:
-                frame(writer, th0)
+                frame(writer, th0, bar)
             bar.update(done)
             while done < cfg["steps"]:
                 stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
@@ -520,27 +520,30 @@ def run_config(
                         "reduce time.dt (or check the potential and initial state)",
                         last_good[0],
                     )  # fmt: skip
-                frame(writer, th)
+                frame(writer, th, bar)
                 bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
             set_status_or_fail(writer, "complete", path, step0 + done, last_good[0])
     wall = time.perf_counter() - t0
     if progress:
-        print(observables.format_thermo(step0 + done, th), flush=True)
-        print(f"wrote {path} ({writer.frames} frames) in {wall:.2f} s", file=sys.stderr)
-    return {
-        "path": os.fspath(path),
-        "steps": cfg["steps"],
-        "n_atoms": n,
-        "engine": cfg["engine"],
-        "mesh": list(cfg["mesh"]),
-        "dtype": cfg["dtype"],
-        "wall_s": wall,
-        "atom_steps_per_s": n * (cfg["steps"] - first) / wall if wall > 0 else float("nan"),
-        "thermo0": th0,
-        "thermo": th,
-        "energy_drift": th["total_energy"] - th0["total_energy"],
-        "regrows": sim.regrows,
-        "resumed_from": step0 + first if resume else None,
-        "neighbor_builds": int(sim.nbrs.n_builds),
-        "peak_memory_mib": peak_memory_mib(),
-    }
+        print(f"wrote {path} ({frames} frames) in {wall:.2f} s", file=sys.stderr)
+    return run_summary(
+        model="lj",
+        path=os.fspath(path),
+        engine=cfg["engine"],
+        mesh=cfg["mesh"],
+        dtype=cfg["dtype"],
+        steps=cfg["steps"],
+        frames=frames,
+        resumed_from=step0 + first if resume else None,
+        wall_s=wall,
+        rate=n * (cfg["steps"] - first) / wall if wall > 0 else float("nan"),
+        rate_unit="atom_steps/s",
+        initial=th0,
+        final=th,
+        details={
+            "n_atoms": n,
+            "energy_drift": th["total_energy"] - th0["total_energy"],
+            "regrows": sim.regrows,
+            "neighbor_builds": int(sim.nbrs.n_builds),
+        },
+    )

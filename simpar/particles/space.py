@@ -19,6 +19,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from simpar import precision
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +38,19 @@ class Space:
     periodic: bool = dataclasses.field(default=True, metadata=dict(static=True))
 
 
-def periodic(box, dtype=jnp.float64) -> Space:
-    """A periodic orthorhombic box with edge lengths ``box`` (float[3], sigma)."""
+def periodic(box, dtype=None) -> Space:
+    """A periodic orthorhombic box with edge lengths ``box`` (float[3], sigma).
+
+    ``dtype`` None keeps the dtype of an array ``box`` (else JAX's default float; see
+    ``simpar.precision``); float64 with 64-bit JAX off raises ``ConfigError``.
+    """
+    dtype = precision.resolve(dtype, like=box)
     return Space(jnp.asarray(box, dtype=dtype).reshape(3), True)
 
 
-def free(box, dtype=jnp.float64) -> Space:
-    """Free space; ``box`` (float[3]) is the extent reported in outputs."""
+def free(box, dtype=None) -> Space:
+    """Free space; ``box`` (float[3]) is the extent reported in outputs (dtype as ``periodic``)."""
+    dtype = precision.resolve(dtype, like=box)
     return Space(jnp.asarray(box, dtype=dtype).reshape(3), False)
 
 
