@@ -57,7 +57,7 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from simpar.errors import ConfigError
+from simpar.errors import ConfigError, SimulationError
 from simpar.parallel.distributed import gather_blocks, to_host
 from simpar.parallel.halo import LocalComm, PmapComm, ShardMapComm
 from simpar.parallel.topology import DeviceGrid
@@ -185,36 +185,42 @@ def _take(x, idx, fill=0):
 
 def _select(mask, cap: int):
     """(int32[cap] indices of the first ``cap`` True entries padded with len(mask), count)."""
-    idx = jnp.nonzero(mask, size=cap, fill_value=mask.shape[0])[0].astype(jnp.int32)
-    return idx, jnp.sum(mask, dtype=jnp.int32)
+    n = mask.shape[0]
+    # a stable sort compiles several times faster than jnp.nonzero(size=...) on XLA:CPU
+    idx = jnp.argsort(~mask, stable=True).astype(jnp.int32)[:cap]
+    if cap > n:
+        idx = jnp.concatenate([idx, jnp.full(cap - n, n, jnp.int32)])
+    count = jnp.sum(mask, dtype=jnp.int32)
+    return jnp.where(jnp.arange(cap) < count, idx, n), count
 
 
 def _send(comm, a: int, direction: int, x):
     return comm.shift(x, a, direction) if _extent(comm, a) > 1 else x
 
 
-def _migrate(spec: DomainSpec, comm, box, pos, vel, mass, ids):
-    """Move atoms outside this sub-box one hop per axis to their owner; sort by id.
+def _migrate(spec: DomainSpec, comm, box, pos, vel, mass, ref, ids):
+    """Move atoms whose ``ref`` lies outside this sub-box one hop per axis to its owner;
+    compact and sort the slots by id.
 
     Returns:
-      (pos, vel, mass, ids, largest migration count, owned count before truncation,
+      (pos, vel, mass, ref, ids, largest migration count, owned count before truncation,
       far: an atom is more than one sub-box away).
     """
     cap = spec.capacity
     need = jnp.int32(0)
     far = jnp.zeros((), bool)
     count = jnp.sum(ids >= 0, dtype=jnp.int32)
+    payload = jnp.concatenate([pos, vel, ref, mass[:, None]], axis=1)
     for a in range(3):
         n = _extent(comm, a)
         if n == 1:
             continue
         c = comm.coord(a)
         valid = ids >= 0
-        d = (owner(pos[:, a], box[a], n) - c) % n
+        d = (owner(payload[:, 6 + a], box[a], n) - c) % n
         up = valid & (d == 1)
         down = valid & (d == n - 1) & ~up
         far = far | jnp.any(valid & (d != 0) & ~up & ~down)
-        payload = jnp.concatenate([pos, vel, mass[:, None]], axis=1)
         parts, part_ids = [payload], [jnp.where(up | down, -1, ids)]
         for mask, direction in ((up, +1), (down, -1)):
             idx, cnt = _select(mask, spec.migrate)
@@ -224,13 +230,12 @@ def _migrate(spec: DomainSpec, comm, box, pos, vel, mass, ids):
         allp, alli = jnp.concatenate(parts), jnp.concatenate(part_ids)
         count = jnp.sum(alli >= 0, dtype=jnp.int32)
         order = jnp.argsort(jnp.where(alli >= 0, alli, _BIG))[:cap]
-        allp, ids = allp[order], alli[order]
-        pos, vel, mass = allp[:, :3], allp[:, 3:6], allp[:, 6]
+        payload, ids = allp[order], alli[order]
     valid = (ids >= 0)[:, None]
     # empty slots: at rest at the origin with unit mass (no 0 / 0 in the kicks)
-    pos, vel = jnp.where(valid, pos, 0.0), jnp.where(valid, vel, 0.0)
-    mass = jnp.where(valid[:, 0], mass, 1.0)
-    return pos, vel, mass, ids, need, count, far
+    payload = jnp.where(valid, payload, 0.0)
+    mass = jnp.where(valid[:, 0], payload[:, 9], 1.0)
+    return payload[:, :3], payload[:, 3:6], mass, payload[:, 6:9], ids, need, count, far
 
 
 def _bounds(spec: DomainSpec, comm, box, a: int):
@@ -270,7 +275,9 @@ def _borders(spec: DomainSpec, comm, box, ref, ids):
             img = _take(e_img, idx).at[:, a].add(shift)
             packet = jnp.concatenate([_take(e_ref, idx), img], axis=1)
             packet = _send(comm, a, direction, packet)
-            recv.append((packet[:, :3], packet[:, 3:], _send(comm, a, direction, _take(e_ids, idx, -1))))
+            recv.append(
+                (packet[:, :3], packet[:, 3:], _send(comm, a, direction, _take(e_ids, idx, -1)))
+            )
         e_ref = jnp.concatenate([e_ref] + [r[0] for r in recv])
         e_img = jnp.concatenate([e_img] + [r[1] for r in recv])
         e_ids = jnp.concatenate([e_ids] + [r[2] for r in recv])
@@ -307,12 +314,6 @@ def _relist(spec: DomainSpec, comm, space: Space, state: DomainState, n_builds, 
     )  # fmt: skip
 
 
-def relist_block(spec: DomainSpec, comm, space: Space, state: DomainState) -> DomainLists:
-    """Ghosts and neighbour list for a state laid out by ``distribute`` (no migration)."""
-    extra = jnp.stack([jnp.sum(state.ids >= 0, dtype=jnp.int32), jnp.int32(0)])
-    return _relist(spec, comm, space, state, jnp.int32(0), extra, jnp.zeros((), bool))
-
-
 def _ext(state_pos, lists: DomainLists):
     return jnp.concatenate([state_pos, lists.ghost_position])
 
@@ -326,7 +327,9 @@ def forces_block(spec, comm, space, pot, state: DomainState, lists: DomainLists)
 
 
 def _step(ensemble, spec: DomainSpec, comm, space, pot, params, state: DomainState,
-          lists: DomainLists):  # fmt: skip
+          lists: DomainLists, init):  # fmt: skip
+    """One time step of one block; with ``init`` (traced bool) no time passes: the ghosts,
+    the list and the forces are rebuilt from ``state`` as laid out by ``distribute``."""
     valid = state.ids >= 0
     shift = functools.partial(wrap, space)
     key = state.key
@@ -344,24 +347,30 @@ def _step(ensemble, spec: DomainSpec, comm, space, pot, params, state: DomainSta
         )  # fmt: skip
         v = jnp.where(valid[:, None], v, 0.0)
         r = jnp.where(valid[:, None], r, state.position)
+        key = jnp.where(init, state.key, key)
+    r = jnp.where(init, state.position, r)
+    v = jnp.where(init, state.velocity, v)
     dr = displacement(space, r, state.ref_position)
     d2 = jnp.where(valid, jnp.sum(dr * dr, axis=-1), 0.0)
-    rebuild = comm.pmax(jnp.max(d2)) > jnp.asarray((0.5 * spec.skin) ** 2, r.dtype)
-    moved = state._replace(position=r, velocity=v)
+    rebuild = (comm.pmax(jnp.max(d2)) > jnp.asarray((0.5 * spec.skin) ** 2, r.dtype)) | init
+    ref = jnp.where(init, state.ref_position, r)
 
     def relist(_):
         box = space.box.astype(r.dtype)
-        pos, vel, mass, ids, need, count, far = _migrate(
-            spec, comm, box, r, v, state.mass, state.ids
+        pos, vel, mass, ref2, ids, need, count, far = _migrate(
+            spec, comm, box, r, v, state.mass, ref, state.ids
         )
-        s = moved._replace(position=pos, velocity=vel, mass=mass, ids=ids, ref_position=pos)
+        s = state._replace(position=pos, velocity=vel, mass=mass, ids=ids, ref_position=ref2)
         new = _relist(spec, comm, space, s, lists.n_builds, jnp.stack([count, need]), far)
         new = new._replace(
-            needed=jnp.maximum(new.needed, lists.needed), overflow=new.overflow | lists.overflow
+            needed=jnp.maximum(new.needed, lists.needed),
+            overflow=new.overflow | lists.overflow,
+            lost=new.lost | lists.lost,
         )
         return s, new
 
     def forward(_):
+        moved = state._replace(position=r, velocity=v)
         return moved, lists._replace(ghost_position=_forward(comm, lists.sends, r))
 
     s, lists = lax.cond(rebuild, relist, forward, None)
@@ -369,26 +378,32 @@ def _step(ensemble, spec: DomainSpec, comm, space, pot, params, state: DomainSta
     f = md.pair_forces(pot, space, s.position, lists.idx, energy=False,
                        others=_ext(s.position, lists))  # fmt: skip
     f = jnp.where(valid[:, None], f, 0.0)
-    v = integrate.kick(s.velocity, f, s.mass, params.dt)
+    v = jnp.where(init, s.velocity, integrate.kick(s.velocity, f, s.mass, params.dt))
     if ensemble != "nve":
         v = jnp.where(valid[:, None], v, 0.0)
-    return s._replace(velocity=v, force=f, key=key, step=s.step + 1), lists
+    step = s.step + jnp.where(init, 0, 1).astype(s.step.dtype)
+    return s._replace(velocity=v, force=f, key=key, step=step), lists
 
 
-def chunk_block(ensemble, spec, comm, space, pot, params, state, lists, n_steps):
-    """Up to ``n_steps`` steps of one block (stops early on overflow or lost atoms); the
-    pair energy and virial are refreshed at the end."""
+def chunk_block(ensemble, spec, comm, space, pot, params, state, lists, n_steps, init):
+    """Up to ``n_steps`` steps of one block, stopping early on overflow or lost atoms.
+
+    With ``init`` (a traced bool) an extra first iteration rebuilds the ghosts, the
+    neighbour list and the forces of a state laid out by ``distribute`` (``lists`` may
+    then be ``empty_lists``). The pair energy and virial are refreshed at the end.
+    """
 
     def cond(carry):
-        i, _, nb = carry
-        return (i < n_steps) & ~nb.overflow & ~nb.lost
+        i, _, nb, first = carry
+        return ((i < n_steps) | first) & ~nb.overflow & ~nb.lost
 
     def body(carry):
-        i, s, nb = carry
-        s, nb = _step(ensemble, spec, comm, space, pot, params, s, nb)
-        return i + 1, s, nb
+        i, s, nb, first = carry
+        s, nb = _step(ensemble, spec, comm, space, pot, params, s, nb, first)
+        return i + jnp.where(first, 0, 1), s, nb, jnp.zeros((), bool)
 
-    _, state, lists = lax.while_loop(cond, body, (jnp.int32(0), state, lists))
+    carry = (jnp.int32(0), state, lists, jnp.asarray(init, bool))
+    _, state, lists, _ = lax.while_loop(cond, body, carry)
     return forces_block(spec, comm, space, pot, state, lists)._replace(force=state.force), lists
 
 
@@ -429,7 +444,9 @@ class _Mapper:
 
             def put(x):
                 x = np.asarray(x)
-                return jax.pmap(lambda y: y, devices=self.devices)(x[mine] if len(mine) < len(self.devices) else x)
+                return jax.pmap(lambda y: y, devices=self.devices)(
+                    x[mine] if len(mine) < len(self.devices) else x
+                )
 
             return jax.tree.map(put, tree)
         if self.engine == "shard_map":
@@ -460,8 +477,10 @@ class _Mapper:
 
         if self.engine == "shard_map":
             specs = (self.spec,) * n_mapped + (P(),) * n_rep
+            # check_vma off: flags reduced over all devices (pmax) meet per-device values
+            # in lax.cond / while_loop carries; they are equal on every device by design
             return jax.jit(jax.shard_map(squeezed, mesh=self.mesh, in_specs=specs,
-                                         out_specs=self.spec))  # fmt: skip
+                                         out_specs=self.spec, check_vma=False))  # fmt: skip
         return jax.jit(squeezed)
 
 
@@ -542,8 +561,6 @@ def collect(state: DomainState, n_atoms: int, step=None) -> dict:
     Raises:
       SimulationError: the ids are not exactly ``0 .. n_atoms - 1`` ("lost atoms").
     """
-    from simpar.errors import SimulationError
-
     ids = np.asarray(state.ids).reshape(-1)
     valid = ids >= 0
     got = ids[valid]
@@ -554,8 +571,7 @@ def collect(state: DomainState, n_atoms: int, step=None) -> dict:
             int(np.asarray(state.step).reshape(-1)[0]) if step is None else step,
             f"lost atoms: {got.size} slots hold {np.unique(got).size} distinct ids of "
             f"{n_atoms} atoms ({missing} missing, {got.size - np.unique(got).size} duplicated)",
-            "report this as a bug; capacities overflowing are repaired, so this should not "
-            "happen",
+            "report this as a bug; capacities overflowing are repaired, so this should not happen",
         )
 
     def flat(x):
@@ -567,6 +583,23 @@ def collect(state: DomainState, n_atoms: int, step=None) -> dict:
     for k in ("key", "step", "e_pair", "virial"):
         out[k] = np.asarray(getattr(state, k))[0]
     return out
+
+
+def empty_lists(spec: DomainSpec, dtype) -> DomainLists:
+    """Placeholder lists (host, leading device axis) for ``chunk_block(init=True)``."""
+    n_dev, cap, g = spec.grid.size, spec.capacity, spec.n_ghosts
+
+    def rep(x):
+        x = np.asarray(x)
+        return np.broadcast_to(x, (n_dev,) + x.shape).copy()
+
+    ext = cap + g
+    return DomainLists(
+        tuple(rep(np.full(k, cap, np.int32)) for k in spec.send),
+        rep(np.full(g, -1, np.int32)), rep(np.zeros((g, 3), dtype)),
+        rep(np.full((cap, spec.nbr.max_neighbors), ext, np.int32)),
+        rep(np.zeros(N_NEEDS, np.int32)), rep(False), rep(False), rep(np.int32(0)),
+    )  # fmt: skip
 
 
 def make_spec(grid: DeviceGrid, box, n_atoms: int, *, cutoff: float, skin: float,
@@ -632,6 +665,9 @@ def grow(spec: DomainSpec, needed, factor: float) -> dict:
     }
 
 
+_COMPILED: dict = {}  # (name, engine, devices, grid, spec, ensemble) -> mapped program
+
+
 @dataclasses.dataclass
 class DomainSimulation:
     """Host driver of a decomposed MD run (mirrors ``md.Simulation``).
@@ -656,56 +692,88 @@ class DomainSimulation:
     regrows: int = 0
     builds: int = 0
     max_regrows: int = 20
-    _fns: dict = dataclasses.field(default_factory=dict)
+    _fns: dict = dataclasses.field(default_factory=lambda: _COMPILED)
 
-    # compiled block functions ------------------------------------------------------------
+    # compiled block functions (one chunk program per layout) ------------------------------
     def _fn(self, name):
-        k = (name, self.spec)
+        # shared by every run with the same engine, devices, layout and ensemble: a new
+        # run (or a test) with an equal layout reuses the compiled program
+        k = (name, self.engine, tuple(self.mapper.devices), self.mapper.grid, self.spec,
+             self.ensemble)  # fmt: skip
         if k not in self._fns:
-            comm = self.mapper.comm
-            spec, m = self.spec, self.mapper
-            if name == "relist":
-                fn = lambda s, sp: relist_block(spec, comm, sp, s)  # noqa: E731
-                self._fns[k] = m.map(fn, 1, 1)
-            elif name == "forces":
-                fn = lambda s, nb, sp, pot: forces_block(spec, comm, sp, pot, s, nb)  # noqa: E731
-                self._fns[k] = m.map(fn, 2, 2)
-            elif name == "chunk":
+            comm, spec, m = self.mapper.comm, self.spec, self.mapper
+            if name == "chunk":
                 ens = self.ensemble
 
-                def fn(s, nb, sp, pot, par, n):
-                    return chunk_block(ens, spec, comm, sp, pot, par, s, nb, n)
+                def fn(s, nb, sp, pot, par, n, init):
+                    return chunk_block(ens, spec, comm, sp, pot, par, s, nb, n, init)
 
-                self._fns[k] = m.map(fn, 2, 4)
+                self._fns[k] = m.map(fn, 2, 5)
             elif name == "thermo":
                 self._fns[k] = m.map(lambda s, sp: thermo_block(comm, sp, s), 1, 1)
         return self._fns[k]
+
+    def _first(self, x):
+        """Device 0's value of a replicated per-device leaf (host)."""
+        return np.asarray(self.mapper.get(x)).reshape((-1,) + np.shape(x)[1:])[0]
 
     # layout -------------------------------------------------------------------------------
     def global_state(self, state=None) -> dict:
         """The state as global host arrays in atom-id order (for output and checkpoints):
         ``position``, ``velocity``, ``force``, ``ref_position`` float[N, 3], ``mass``
-        float[N], and ``key``, ``step``, ``e_pair``, ``virial``."""
+        float[N], and ``key``, ``step``, ``e_pair``, ``virial``.
+
+        Raises:
+          SimulationError: the ids are not exactly ``0 .. N - 1`` ("lost atoms").
+        """
         return collect(self.mapper.get(self.state if state is None else state),
                        self.spec.n_atoms)  # fmt: skip
 
-    def load(self, g: dict) -> None:
-        """Lay out global arrays (as from ``global_state``, any mesh) on this run's devices,
-        growing capacities until the ghosts and the list fit; forces are kept."""
-        for _ in range(self.max_regrows):
+    def _launch(self, g: dict, n_steps: int):
+        """Lay out global arrays on the devices, rebuild lists and forces, run n steps."""
+        while True:
             host, most = distribute(self.spec, self.space.box, g, int(g["step"]), g["key"],
                                     g["e_pair"], g["virial"])  # fmt: skip
-            if most > self.spec.capacity:
-                self._regrow({"capacity": _round8(self.capacity_factor * most)})
-                continue
-            state = self.mapper.put(host)
-            lists = self._fn("relist")(state, self.space)
-            if bool(np.asarray(self.mapper.get(lists.overflow)).any()):
-                self._regrow(grow(self.spec, np.asarray(self.mapper.get(lists.needed))[0],
-                                  self.capacity_factor))  # fmt: skip
-                continue
-            self.state, self.lists = state, lists
-            return
+            if most <= self.spec.capacity:
+                break
+            self._regrow({"capacity": _round8(self.capacity_factor * most)})
+        state = self.mapper.put(host)
+        lists = self.mapper.put(empty_lists(self.spec, host.position.dtype))
+        return self._fn("chunk")(state, lists, self.space, self.pot, self.params,
+                                 jnp.int32(n_steps), True)  # fmt: skip
+
+    def load(self, g: dict) -> None:
+        """Lay out global arrays (as from ``global_state``, from any mesh) on this run's
+        devices, growing capacities until everything fits. The ghosts and the list are
+        rebuilt from ``ref_position``: the same list as when it was built."""
+        self._run(g, 0, launch=True)
+
+    def _run(self, g, n_steps: int, launch: bool) -> None:
+        for _ in range(self.max_regrows):
+            if launch:
+                state, lists = self._launch(g, n_steps)
+                base = 1
+            else:
+                state, lists = self._fn("chunk")(
+                    self.state, self.lists, self.space, self.pot, self.params,
+                    jnp.int32(n_steps), False,
+                )  # fmt: skip
+                base = int(self._first(self.lists.n_builds))
+            if not bool(self._first(lists.overflow)):
+                if bool(self._first(lists.lost)):
+                    raise SimulationError(
+                        int(self._first(state.step)),
+                        "lost atoms: an atom jumped more than one sub-box between neighbour "
+                        "builds, or the atom count changed",
+                        "reduce time.dt (the run is unstable)",
+                    )  # fmt: skip
+                self.builds += int(self._first(lists.n_builds)) - base
+                self.state, self.lists = state, lists
+                return
+            self._regrow(grow(self.spec, self._first(lists.needed), self.capacity_factor))
+            if not launch:
+                g = self.global_state()  # the chunk's start: redo it with the new layout
+                launch = True
         raise RuntimeError(f"capacities still overflow after {self.max_regrows} regrows")
 
     def _regrow(self, caps: dict) -> None:
@@ -723,36 +791,11 @@ class DomainSimulation:
     # running ------------------------------------------------------------------------------
     def advance(self, n_steps: int) -> None:
         """Run ``n_steps`` steps; on overflow regrow and redo the chunk from its start."""
-        start = self.global_state()
-        for _ in range(self.max_regrows):
-            state, lists = self._fn("chunk")(
-                self.state, self.lists, self.space, self.pot, self.params, jnp.int32(n_steps)
-            )
-            lost = bool(np.asarray(self.mapper.get(lists.lost)).any())
-            overflow = bool(np.asarray(self.mapper.get(lists.overflow)).any())
-            if not overflow:
-                if lost:
-                    from simpar.errors import SimulationError
-
-                    step = int(np.asarray(self.mapper.get(state.step)).reshape(-1)[0])
-                    raise SimulationError(
-                        step, "lost atoms: an atom jumped more than one sub-box between "
-                        "neighbour builds, or the atom count changed",
-                        "reduce time.dt (the run is unstable)",
-                    )  # fmt: skip
-                self.builds += int(np.asarray(self.mapper.get(lists.n_builds)).reshape(-1)[0]) - int(
-                    np.asarray(self.mapper.get(self.lists.n_builds)).reshape(-1)[0]
-                )
-                self.state, self.lists = state, lists
-                return
-            needed = np.asarray(self.mapper.get(lists.needed))[0]
-            self._regrow(grow(self.spec, needed, self.capacity_factor))
-            self.load(start)  # same list as before: the trajectory does not change
-        raise RuntimeError(f"capacities still overflow after {self.max_regrows} regrows")
+        self._run(None, n_steps, launch=False)
 
     def thermo(self) -> dict[str, float]:
         out = self._fn("thermo")(self.state, self.space)
-        return {k: float(np.asarray(self.mapper.get(v)).reshape(-1)[0]) for k, v in out.items()}
+        return {k: float(self._first(v)) for k, v in out.items()}
 
     def counts(self) -> np.ndarray:
         """Owned atoms per device (host)."""
@@ -840,5 +883,4 @@ def make_domain_simulation(
     }
     sim.load(g)
     sim.builds = 1
-    sim.state = sim._fn("forces")(sim.state, sim.lists, space, pot)
     return sim

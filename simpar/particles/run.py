@@ -42,8 +42,10 @@ Config layout (every key optional unless marked; defaults in brackets)::
     velocity = true
     force = false
     [parallel]
-    engine = "single"            # "single" | "sharded"
-    mesh = [8]                   # sharded: devices on the 1-D particle mesh [all]
+    engine = "single"            # "single" | "pmap" | "shard_map" | "sharded"
+    mesh = [8]                   # sharded: devices on the 1-D particle mesh [all];
+                                 # pmap / shard_map: the device grid cutting the box
+                                 # into sub-boxes, e.g. [2, 4] or [2, 2, 2] [all along x]
 
 Everything is validated before the output file is created.
 """
@@ -64,12 +66,13 @@ from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
 from simpar.io.meta import run_metadata
-from simpar.parallel import distributed
+from simpar.parallel import distributed, domain
 from simpar.parallel.particles import shard_particles
 from simpar.particles import lattice, md, observables, potentials, space
 from simpar.progress import Progress
 
-ENGINES = ("single", "sharded")
+ENGINES = ("single", "pmap", "shard_map", "sharded")
+DOMAIN_ENGINES = ("pmap", "shard_map")  # spatial decomposition (simpar.parallel.domain)
 
 
 def _read(data: dict, engine, mesh, steps, out):
@@ -163,12 +166,20 @@ def _read(data: dict, engine, mesh, steps, out):
         )
     cfg["engine"] = eng
     ndev = len(jax.devices())
-    mesh_cfg = par.get("mesh", None, kind=int, length=(1,), min=1)
+    mesh_cfg = par.get("mesh", None, kind=int, length=(1, 2, 3), min=1)
     mesh = tuple(mesh) if mesh is not None else (tuple(mesh_cfg) if mesh_cfg else None)
     if eng == "single":
         if mesh is not None and math.prod(mesh) != 1:
             raise ConfigError("parallel.mesh", f"engine 'single' runs on 1 device, got {mesh}")
         mesh = (1,)
+    elif eng in DOMAIN_ENGINES:
+        mesh = mesh or (ndev,)
+        if math.prod(mesh) > ndev:
+            raise ConfigError(
+                "--mesh",
+                f"mesh {'x'.join(map(str, mesh))} needs {math.prod(mesh)} devices but only "
+                f"{ndev} are available (on CPU, pass --devices {math.prod(mesh)})",
+            )
     else:
         mesh = mesh or (ndev,)
         if len(mesh) != 1:
@@ -213,14 +224,15 @@ def _check_geometry(cfg, box):
             )
 
 
-def _blown_up(sim: md.Simulation, th: dict, dt: float) -> str | None:
-    """Why the run cannot go on (non-finite values, atoms jumping > 0.5 sigma per step)."""
+def _blown_up(g: dict, th: dict, dt: float) -> str | None:
+    """Why the run cannot go on (non-finite values, atoms jumping > 0.5 sigma per step).
+
+    ``g``: global host arrays ``position`` and ``velocity`` of the atoms."""
     if not all(math.isfinite(x) for x in th.values()):
         return "non-finite energy or pressure (the run blew up)"
-    s = sim.state
-    if not bool(jnp.all(jnp.isfinite(s.position))):
+    if not np.all(np.isfinite(g["position"])):
         return "non-finite positions (the run blew up)"
-    vmax = float(jnp.sqrt(jnp.max(jnp.sum(s.velocity * s.velocity, axis=-1))))
+    vmax = float(np.sqrt(np.max(np.sum(g["velocity"] ** 2, axis=-1))))
     if vmax * dt > 0.5:
         return (
             f"unstable integration: the fastest atom moves {vmax * dt:.3g} sigma per "
@@ -263,10 +275,11 @@ def run_config(
       SimulationError: NaN / unrepairable overflow, naming the step and what to change.
     """
     cfg = _read(data, engine, mesh, steps, out)
-    if distributed.process_count() > 1 and cfg["engine"] != "sharded":
+    if distributed.process_count() > 1 and cfg["engine"] == "single":
         raise ConfigError(
             "--engine",
-            f"engine {cfg['engine']!r} runs in one process; across processes MD runs on 'sharded'",
+            "engine 'single' runs in one process; across processes MD runs on 'pmap', "
+            "'shard_map' or 'sharded'",
         )
     main = distributed.is_main()
     progress = progress and main
@@ -282,9 +295,18 @@ def run_config(
         )
     r, v, box, step0, key = _initial(cfg)
     _check_geometry(cfg, box)
+    decomposed = cfg["engine"] in DOMAIN_ENGINES
+    if decomposed:
+        if cfg["boundary"] != "periodic":
+            raise ConfigError(
+                "system.boundary",
+                f"engine {cfg['engine']!r} cuts a periodic box into sub-boxes; free space "
+                "runs on 'single' or 'sharded'",
+            )
+        domain.check_mesh(cfg["mesh"], box, cfg["cutoff"] + cfg["skin"])
     dtype = jnp.dtype(cfg["dtype"])
     n = r.shape[0]
-    ndev = cfg["mesh"][0]
+    ndev = 1 if decomposed else cfg["mesh"][0]
     cap = -(-n // ndev) * ndev
     valid = np.arange(cap) < n
     pad = lambda x: np.concatenate([x, np.zeros((cap - n,) + x.shape[1:], x.dtype)])  # noqa: E731
@@ -303,12 +325,20 @@ def run_config(
     placement = None
     if cfg["engine"] == "sharded":
         placement = lambda tree: shard_particles(tree, ndev, cap)  # noqa: E731
-    sim = md.make_simulation(
-        spc, pot, r, v, mass=cfg["mass"], valid=valid, key=key, dt=cfg["dt"],
-        ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"], skin=cfg["skin"],
-        step=step0, max_neighbors=cfg["max_neighbors"],
-        capacity_factor=cfg["capacity_factor"], placement=placement,
-    )  # fmt: skip
+    if decomposed:
+        sim = domain.make_domain_simulation(
+            cfg["engine"], cfg["mesh"], spc, pot, r, v, mass=cfg["mass"], key=key,
+            dt=cfg["dt"], ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"],
+            skin=cfg["skin"], step=step0, max_neighbors=cfg["max_neighbors"],
+            capacity_factor=cfg["capacity_factor"],
+        )  # fmt: skip
+    else:
+        sim = md.make_simulation(
+            spc, pot, r, v, mass=cfg["mass"], valid=valid, key=key, dt=cfg["dt"],
+            ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"], skin=cfg["skin"],
+            step=step0, max_neighbors=cfg["max_neighbors"],
+            capacity_factor=cfg["capacity_factor"], placement=placement,
+        )  # fmt: skip
     th0 = sim.thermo()
     if not all(math.isfinite(x) for x in th0.values()):
         raise SimulationError(step0, "non-finite energy in the initial state",
@@ -332,14 +362,21 @@ def run_config(
     boundary = [cfg["boundary"]] * 3
     host = distributed.to_host  # a collective in multi-process runs: every process calls it
 
-    def frame(writer, th):
+    def snapshot():
+        """Global host arrays in atom-id order (a collective across processes)."""
+        if decomposed:
+            return sim.global_state()  # checks the count and ids: "lost atoms" otherwise
         s = sim.state
-        position = host(s.position)[:n]
-        velocity = host(s.velocity)[:n] if cfg["write_velocity"] else None
-        force = host(s.force)[:n] if cfg["write_force"] else None
+        return {"position": host(s.position)[:n], "velocity": host(s.velocity)[:n],
+                "force": host(s.force)[:n], "key": host(s.key), "step": int(s.step)}  # fmt: skip
+
+    def frame(writer, th, g):
+        step = int(g["step"])
         writer.append(  # distributed.NoWriter on processes other than 0
-            int(s.step), float(s.step) * cfg["dt"], position, box=np.asarray(box),
-            velocity=velocity, force=force, observables=th, rng_key=host(s.key),
+            step, float(step) * cfg["dt"], g["position"], box=np.asarray(box),
+            velocity=g["velocity"] if cfg["write_velocity"] else None,
+            force=g["force"] if cfg["write_force"] else None, observables=th,
+            rng_key=g["key"],
         )  # fmt: skip
 
     t0 = time.perf_counter()
@@ -351,7 +388,7 @@ def run_config(
         force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
         mass=np.full(n, cfg["mass"]), attrs=attrs,
     ) as writer, Progress(cfg["steps"], enabled=progress, desc=cfg["name"]) as bar:  # fmt: skip
-        frame(writer, th0)
+        frame(writer, th0, snapshot())
         while done < cfg["steps"]:
             k = min(cfg["every"], cfg["steps"] - done)
             try:
@@ -365,14 +402,15 @@ def run_config(
                 ) from None
             done += k
             th = sim.thermo()
-            problem = _blown_up(sim, th, cfg["dt"])
+            g = snapshot()
+            problem = _blown_up(g, th, cfg["dt"])
             if problem:
                 raise SimulationError(
                     step0 + done, problem,
                     "reduce time.dt (or check the potential and initial state)",
                     f"{path} (frame {writer.frames - 1})",
                 )  # fmt: skip
-            frame(writer, th)
+            frame(writer, th, g)
             bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
     wall = time.perf_counter() - t0
     if progress:
@@ -391,5 +429,5 @@ def run_config(
         "thermo": th,
         "energy_drift": th["total_energy"] - th0["total_energy"],
         "regrows": sim.regrows,
-        "neighbor_builds": int(sim.nbrs.n_builds),
+        "neighbor_builds": sim.builds if decomposed else int(sim.nbrs.n_builds),
     }
