@@ -85,7 +85,7 @@ def test_pileup_regrows_and_never_loses_an_atom():
     LJ), and the run equals the single engine's."""
     r, box = lattice.cubic_lattice("fcc", 0.2, (10, 4, 4))  # 640 atoms, box 27.1 x 10.9^2
     spc, pot = space.periodic(box), potentials.lennard_jones(cutoff=2.5, shift=True)
-    v = np.asarray(lattice.maxwell_boltzmann(jax.random.PRNGKey(1), r.shape[0], 1.0))
+    v = np.array(lattice.maxwell_boltzmann(jax.random.PRNGKey(1), r.shape[0], 1.0))
     x0 = float(box[0]) / 16  # middle of the first slab
     v[:, 0] -= 6.0 * np.sin(2 * np.pi * (np.asarray(r)[:, 0] - x0) / float(box[0]))
     kw = dict(dt=0.002, skin=0.3)
