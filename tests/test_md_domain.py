@@ -186,3 +186,24 @@ def test_h5md_output_same_layout_as_single(tmp_path):
     assert len(u.atoms) == int(np.prod(CELLS)) * 4 and u.trajectory.n_frames == 3
     for k in KEYS:
         assert res["pmap"]["thermo"][k] == pytest.approx(res["single"]["thermo"][k], rel=1e-10)
+
+
+@pytest.mark.parametrize(("engine", "mesh"), [("pmap", "2x2x2"), ("shard_map", "2x4")], ids=str)
+def test_two_processes_equal_one_process(tmp_path, engine, mesh):
+    """8 devices of two processes (jax.distributed, gloo) run one decomposed melt; process
+    0 writes an H5MD trajectory equal to the one-process single-engine run."""
+    from test_distributed import _one_process, _two_processes
+
+    common = ("experiments/lj_melt.toml", "--steps", "40", "--set", "output.every=20",
+              "--set", "system.cells=[6,8,6]", "--quiet")  # fmt: skip
+    out, ref = tmp_path / "two.h5md", tmp_path / "one.h5md"
+    p0, p1 = _two_processes(*common, "--engine", engine, "--mesh", mesh, "--out", str(out))
+    assert p0.returncode == 0 and p1.returncode == 0, p0.stderr[-2000:] + p1.stderr[-2000:]
+    _one_process(*common, "--engine", "single", "--out", str(ref))
+    traj = "particles/trajectory/position/value"
+    with h5py.File(out) as a, h5py.File(ref) as b:
+        assert a["parameters"].attrs["process_count"] == 2
+        np.testing.assert_allclose(a[traj][:], b[traj][:], rtol=0, atol=1e-9)
+        for k in KEYS:
+            va, vb = a["observables"][k]["value"][:], b["observables"][k]["value"][:]
+            np.testing.assert_allclose(va, vb, rtol=1e-10, err_msg=k)

@@ -651,15 +651,24 @@ def _guess(grid: DeviceGrid, box, n_atoms: int, radius: float, factor: float) ->
 
 
 def grow(spec: DomainSpec, needed, factor: float) -> dict:
-    """Capacities with room for ``factor`` times ``needed`` (never smaller than now)."""
+    """Capacities with room for ``factor`` times ``needed`` (never smaller than now).
+
+    An overflowing capacity grows to at least 1.5 times its size, and all six ghost
+    stages grow together (a pile-up fills them all): every regrow recompiles, so few
+    large steps beat many small ones.
+    """
     need = np.asarray(needed)
     have = spec.capacities()
-    new = [max(int(h), _round8(factor * int(x))) if x > h else int(h)
-           for h, x in zip(have, need, strict=True)]  # fmt: skip
+    over = need > have
+    sends = slice(NEED_SEND, NEED_SEND + N_STAGES)
+    if over[sends].any():
+        over[sends] = need[sends] > 0.8 * have[sends]
+    new = [max(_round8(factor * int(x)), _round8(1.5 * int(h))) if o else int(h)
+           for h, x, o in zip(have, need, over, strict=True)]  # fmt: skip
     return {
         "capacity": new[NEED_OWNED],
         "migrate": new[NEED_MIGRATE],
-        "send": tuple(new[NEED_SEND : NEED_SEND + N_STAGES]),
+        "send": tuple(new[sends]),
         "max_neighbors": new[NEED_NBR],
         "column_capacity": new[NEED_COL],
     }
