@@ -44,6 +44,17 @@ from simpar.parallel.particles import shard_particles  # noqa: E402
 from simpar.particles import integrate, lattice, md, neighbors, potentials, space  # noqa: E402
 
 
+def best_chunk(sim, chunk: int, repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` chunks of ``chunk`` steps."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sim.advance(chunk)
+        jax.block_until_ready(sim.state)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def bench(dtype, cells: int, chunk: int, repeats: int, skin: float) -> dict:
     r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, dtype)
     n = r.shape[0]
@@ -70,12 +81,7 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float) -> dict:
     first100 = time.perf_counter() - t0
     th100 = sim.thermo()
     builds = int(sim.nbrs.n_builds) - builds0
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        sim.advance(chunk)
-        jax.block_until_ready(sim.state)
-        best = min(best, time.perf_counter() - t0)
+    best = best_chunk(sim, chunk, repeats)
     return {
         "n_atoms": n,
         "steps_per_chunk": chunk,
@@ -121,12 +127,7 @@ def bench_engine(engine: str, mesh, dtype, cells: int, chunk: int, repeats: int)
     else:
         sim = domain.make_domain_simulation(engine, mesh, spc, pot, r, v, dt=0.005, skin=0.3)
     sim.advance(chunk)  # compiles
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        sim.advance(chunk)
-        jax.block_until_ready(sim.state)
-        best = min(best, time.perf_counter() - t0)
+    best = best_chunk(sim, chunk, repeats)
     return {"atom_steps_per_s": n * chunk / best, "regrows": sim.regrows}
 
 
