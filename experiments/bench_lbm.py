@@ -10,6 +10,9 @@ STREAM-Copy-like one (threaded ``np.copyto`` between two arrays, 41-52 GB/s), wh
 access pattern of a two-buffer LBM step. ``streaming_copy_ratio`` compares with
 ``xla_streaming_copy_mlups``: the 9 planes shifted by their ``c_i`` and nothing else, jitted by
 the same XLA (:func:`streaming_copy_mlups`): the data movement every D2Q9 step has to do.
+Multi-device cases also report ``bytes_per_step_per_device`` (from the compiled HLO,
+``simpar.benchmark.bytes_per_step``); ``sharded_vs_shard_map`` is the ``sharded`` rate over the
+``shard_map`` rate on the same mesh and halo width.
 
 Measured on the 2-core AMD EPYC CI box (2026-11-30, one run each, +-15% run to run; in-place
 bandwidth 54 GB/s = roofline 756 MLUPS, threaded copy 42-45 GB/s = 583-623 MLUPS):
@@ -62,7 +65,7 @@ CASES = (  # (engine, mesh, halo): halo 1 = one exchange per step, what the LBM 
 
 
 def bench_case(setup, engine: str, mesh, halo, steps: int, repeats: int) -> dict:
-    from simpar.benchmark import time_engine
+    from simpar.benchmark import bytes_per_step, time_engine
     from simpar.parallel.engines import make_engine
 
     e = make_engine(engine, setup.model, setup.domain.shape, mesh, halo)
@@ -70,13 +73,16 @@ def bench_case(setup, engine: str, mesh, halo, steps: int, repeats: int) -> dict
     cells = 1
     for n in setup.domain.shape:
         cells *= n
-    return {
+    out = {
         "engine": engine,
         "mesh": list(mesh),
         "halo": e.halo,
         "mlups": cells / s_per_step / 1e6,
         "s_per_step": s_per_step,
     }
+    if e.grid.size > 1:  # what each device sends per step, from the compiled HLO
+        out["bytes_per_step_per_device"] = bytes_per_step(e, setup.state, setup.params)
+    return out
 
 
 def streaming_copy_mlups(n: int, steps: int, repeats: int) -> float:
@@ -169,6 +175,13 @@ def main(argv=None) -> int:
         r["streaming_copy_ratio"] = r["mlups"] / ceiling
         results.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)
+    rate = {(r["engine"], tuple(r["mesh"]), r["halo"]): r["mlups"] for r in results}
+    sharded_vs = {
+        f"mesh {'x'.join(map(str, m))}, halo {h}": rate[key] / rate[("shard_map", m, h)]
+        for key in rate
+        for e, m, h in [key]
+        if e == "sharded" and ("shard_map", m, h) in rate
+    }
     out = {
         "model": "lbm D2Q9 BGK",
         "case": "cavity (bounce-back + lid)" if args.walls else "periodic",
@@ -183,6 +196,7 @@ def main(argv=None) -> int:
         "backend": jax.default_backend(),
         "devices": len(jax.devices()),
         "cpu_count": os.cpu_count(),
+        "sharded_vs_shard_map": sharded_vs,
         "results": results,
     }
     print(json.dumps(out, indent=1))

@@ -49,7 +49,6 @@ def main() -> None:
         jax.config.update("jax_enable_x64", True)
     import numpy as np
 
-    from simpar.parallel.ring import make_engine
     from simpar.particles.nbody import make_params, plummer_sphere
 
     n, dtype = args.n, np.dtype(args.dtype)
@@ -77,31 +76,10 @@ def main() -> None:
         for n_dev in args.devices:
             if (engine == "single" and n_dev != 1) or n_dev > n_avail or n % n_dev:
                 continue
-            eng = make_engine(engine, n_dev)
-            d = eng.init(pos, vel, mass, params)
-            t0 = time.perf_counter()
-            d, o = eng.run(d, params, 1)  # compile (the step count is traced)
-            jax.block_until_ready((d, o))
-            compile_s = time.perf_counter() - t0
-            best = float("inf")
-            for _ in range(args.repeats):
-                (d, o), t = _timed(
-                    lambda d=d, eng=eng: jax.block_until_ready(eng.run(d, params, args.steps))
-                )
-                best = min(best, t)
-            rate = n * n * args.steps / best
-            results.append(
-                {
-                    "engine": engine,
-                    "devices": n_dev,
-                    "seconds": best,
-                    "steps": args.steps,
-                    "first_call_s": compile_s,
-                    "pair_interactions_per_s": rate,
-                    "ratio_vs_numpy": rate / numpy_rate,
-                    "energy_finite": bool(np.isfinite(float(o.kinetic + o.potential))),
-                }
-            )
+            r = bench_engine(engine, n_dev, pos, vel, mass, params, args.steps, args.repeats)
+            rate = r["pair_interactions_per_s"]
+            r["ratio_vs_numpy"] = rate / numpy_rate
+            results.append(r)
             print(
                 f"{engine:9s} x{n_dev}: {rate:.3e} pairs/s ({rate / numpy_rate:.1f}x NumPy)",
                 file=sys.stderr,
@@ -126,6 +104,35 @@ def main() -> None:
             indent=2,
         )
     )
+
+
+def bench_engine(engine: str, n_dev: int, pos, vel, mass, params, steps: int, repeats: int):
+    """Pair interactions per second of ``steps`` leapfrog steps of one engine (best of ``repeats``)."""
+    import jax
+    import numpy as np
+
+    from simpar.parallel.ring import make_engine
+
+    n = len(pos)
+    eng = make_engine(engine, n_dev)
+    d = eng.init(pos, vel, mass, params)
+    t0 = time.perf_counter()
+    d, o = eng.run(d, params, 1)  # compile (the step count is traced)
+    jax.block_until_ready((d, o))
+    compile_s = time.perf_counter() - t0
+    best = float("inf")
+    for _ in range(repeats):
+        (d, o), t = _timed(lambda d=d: jax.block_until_ready(eng.run(d, params, steps)))
+        best = min(best, t)
+    return {
+        "engine": engine,
+        "devices": n_dev,
+        "seconds": best,
+        "steps": steps,
+        "first_call_s": compile_s,
+        "pair_interactions_per_s": n * n * steps / best,
+        "energy_finite": bool(np.isfinite(float(o.kinetic + o.potential))),
+    }
 
 
 def _timed(fn):

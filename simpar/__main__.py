@@ -1,5 +1,3 @@
-import sys
+from simpar.cli import run_main
 
-from simpar.cli import main
-
-sys.exit(main())
+run_main()

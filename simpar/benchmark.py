@@ -108,7 +108,21 @@ def time_engine(engine, state, params, steps: int, repeats: int = 3) -> float:
     box = {"s": engine.place(state)}
 
     def run():
-        box["s"] = engine.advance(box["s"], params, steps)
+        box["s"] = engine.advance(box["s"], params, steps, donate=True)
         return box["s"]
 
     return best_time(run, repeats) / steps
+
+
+def bytes_per_step(engine, state, params) -> float:
+    """Bytes one device sends per step through collectives, from the compiled HLO.
+
+    Compiles a chunk of one halo exchange (``halo // radius`` steps) of ``engine``
+    (``simpar.parallel.engines``), sums the arrays of every collective in it
+    (``simpar.parallel.hlo.bytes_moved``) and divides by its steps. 0 on one device.
+    """
+    from simpar.parallel.hlo import bytes_moved
+
+    per = max(engine.halo // engine.model.radius, 1)
+    text = engine.lowered_advance(engine.place(state), params, per).compile().as_text()
+    return bytes_moved(text) / per

@@ -4,7 +4,8 @@
                            [--out PATH] [--set key.sub=value ...] [--overwrite] [--quiet]
                            [--coordinator HOST:PORT --num-processes N --process-id I]
                            [--distributed]
-    simpar info [--devices N]
+                           [--show-layout]
+    simpar info [--devices N] [--mesh AxB[xC] [--engine E] [--grid NxM[xK]]]
     simpar plot OUT.h5
 
 Multi-process runs (``simpar.parallel.distributed``): one ``simpar run`` per process with the
@@ -13,7 +14,11 @@ or ``--distributed`` to let JAX read them from a SLURM / Open MPI cluster. ``--d
 the number of CPU devices per process and the mesh spans the devices of every process.
 
 Exit codes: 0 success; 2 invalid input (message names the key and what is allowed, no
-traceback, no output left behind); 1 failed run (step, reason, last good output).
+traceback, no output left behind); 1 failed run (step, reason, last good output; also a
+failed write such as a full disk, naming the path and the OS error); 130 stopped by Ctrl-C
+(SIGINT) and 143 stopped by SIGTERM (``timeout``, ``kill``, SLURM): a running simulation
+stops at the next safe point with ``run_status = "failed: interrupted"`` / ``"failed:
+terminated"`` and a usable checkpoint (``simpar.signals``).
 JAX is configured (number of CPU devices) before it starts, so ``--devices`` works on CPU.
 """
 
@@ -26,6 +31,7 @@ import os
 import sys
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+MAX_DEVICES = 4096  # per process; more virtual CPU devices take minutes and then crash XLA
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     r.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     r.add_argument("--quiet", action="store_true", help="no progress output")
+    r.add_argument(
+        "--show-layout",
+        action="store_true",
+        help="print which device holds which block of the state before the run",
+    )
     d = r.add_argument_group(
         "multi-process runs", "one simpar run per process (simpar.parallel.distributed)"
     )
@@ -70,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     i = sub.add_parser("info", help="JAX version, backend, devices, processes")
     i.add_argument("--devices", type=int, help="number of virtual CPU devices")
+    i.add_argument("--mesh", help="also print which device holds which block on this mesh")
+    i.add_argument("--engine", default="shard_map", help="engine for --mesh (default shard_map)")
+    i.add_argument("--grid", help="grid shape for --mesh, e.g. 256x256 (default 256 per axis)")
     pl = sub.add_parser("plot", help="PNGs of the last frame / time series next to the file")
     pl.add_argument("path", help="an output file of simpar run")
     return p
@@ -88,7 +102,17 @@ def _configure_jax(devices: int | None) -> None:
 
 
 def _cmd_info(args) -> int:
-    _configure_jax(args.devices)
+    from simpar.errors import ConfigError
+    from simpar.parallel.topology import parse_mesh
+
+    mesh = parse_mesh(args.mesh) if args.mesh else None
+    devices = args.devices
+    if devices is None and mesh is not None:
+        devices = math.prod(mesh)
+    if devices is not None and not 1 <= devices <= MAX_DEVICES:
+        key = "--devices" if args.devices is not None else "--mesh"
+        raise ConfigError(key, f"must be 1 .. {MAX_DEVICES} devices, got {devices}")
+    _configure_jax(devices)
     import jax
 
     import simpar
@@ -105,7 +129,26 @@ def _cmd_info(args) -> int:
         "x64": bool(jax.config.jax_enable_x64),
     }
     print(json.dumps(info, indent=2))
+    if mesh is not None:
+        print(_layout(args.engine, mesh, args.grid))
     return EXIT_OK
+
+
+def _layout(engine: str, mesh: tuple[int, ...], grid: str | None) -> str:
+    """``simpar info --mesh``: the block layout of a heat field on ``grid`` (any model with
+    the same grid and mesh has the same layout)."""
+    from simpar.errors import ConfigError
+    from simpar.grid import heat
+    from simpar.grid.boundary import Periodic
+    from simpar.parallel.engines import make_engine
+    from simpar.parallel.layout import describe
+    from simpar.parallel.topology import parse_mesh
+
+    shape = parse_mesh(grid) if grid else (256,) * max(2, len(mesh))
+    if len(shape) < 2:
+        raise ConfigError("--grid", f"give 2 or 3 cell counts joined by 'x', got {grid!r}")
+    model = heat.make_model(len(shape), ((Periodic(), Periodic()),) * len(shape))
+    return describe(make_engine(engine, model, shape, None if engine == "single" else mesh))
 
 
 def _cmd_run(args) -> int:
@@ -113,8 +156,8 @@ def _cmd_run(args) -> int:
     from simpar.errors import ConfigError
     from simpar.parallel.topology import parse_mesh
 
-    if args.devices is not None and args.devices < 1:
-        raise ConfigError("--devices", f"must be >= 1, got {args.devices}")
+    if args.devices is not None and not 1 <= args.devices <= MAX_DEVICES:
+        raise ConfigError("--devices", f"must be 1 .. {MAX_DEVICES}, got {args.devices}")
     if args.steps is not None and args.steps < 0:
         raise ConfigError("--steps", f"must be >= 0, got {args.steps}")
     mesh = parse_mesh(args.mesh) if args.mesh else None
@@ -175,6 +218,7 @@ def _cmd_run(args) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
         resume=args.resume,
+        show_layout=args.show_layout,
     )
     if jax.process_index() == 0:
         print(json.dumps(summary, default=str))
@@ -189,22 +233,54 @@ def _cmd_plot(args) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    from simpar.errors import ConfigError, SimulationError
+def _unraisable(hook_args) -> None:
+    """h5py reports HDF5 errors from object destructors as 'Exception ignored' tracebacks;
+    the error that stopped the run is reported by the driver, so print one line at most."""
+    if not getattr(_unraisable, "seen", False):
+        _unraisable.seen = True
+        print(f"simpar: warning: {hook_args.exc_value}".splitlines()[0], file=sys.stderr)
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code (see the module docstring)."""
+    from simpar import signals
+
+    signals.install()  # SIGTERM like SIGINT: an Interrupted exception, exit 128 + signal
     try:
-        return {"run": _cmd_run, "info": _cmd_info, "plot": _cmd_plot}[args.command](args)
-    except ConfigError as err:
-        print(f"simpar: invalid input: {err}", file=sys.stderr)
-        return EXIT_INVALID
-    except SimulationError as err:
-        print(f"simpar: {err}", file=sys.stderr)
-        return EXIT_FAILED
+        args = _parser().parse_args(argv)
+        from simpar.errors import ConfigError, SimulationError
+
+        sys.unraisablehook = _unraisable
+        try:
+            return {"run": _cmd_run, "info": _cmd_info, "plot": _cmd_plot}[args.command](args)
+        except ConfigError as err:
+            print(f"simpar: invalid input: {err}", file=sys.stderr)
+            return EXIT_INVALID
+        except SimulationError as err:
+            print(f"simpar: {err}", file=sys.stderr)
+            return EXIT_FAILED
+    except signals.Interrupted as err:
+        print(f"simpar: {err.reason}", file=sys.stderr)
+        return err.exit_code
     except KeyboardInterrupt:
         print("simpar: interrupted", file=sys.stderr)
         return 130
 
 
+def run_main() -> None:
+    """``python -m simpar``: exit with ``main()``'s code.
+
+    After a signal the process leaves with ``os._exit`` once its files are closed: JAX's
+    compiler threads may still be running, and tearing the interpreter down under them
+    crashed (SIGSEGV) when Ctrl-C came during start-up or the first compilation.
+    """
+    code = main()
+    if code >= 128:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main()

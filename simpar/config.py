@@ -10,6 +10,7 @@ what is allowed. ``Section.check_unused()`` reports keys nobody read (typos), wi
 from __future__ import annotations
 
 import difflib
+import math
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -123,6 +124,8 @@ class Section:
                 raise ConfigError(key, f"must be {what}, got {item!r}")
             if kind is float:
                 item = float(item)
+                if not math.isfinite(item):
+                    raise ConfigError(key, f"must be a finite number, got {item!r}")
             if choices is not None and item not in choices:
                 raise ConfigError(
                     key, f"{item!r} is not allowed; choose one of {', '.join(map(repr, choices))}"
@@ -195,11 +198,31 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict, str]:
     if not path.is_file():
         raise ConfigError(str(path), "config file not found")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            str(path), f"not UTF-8 text (byte {err.start}: {err.reason}); save it as UTF-8"
+        ) from None
+    except OSError as err:
+        raise ConfigError(str(path), f"cannot read the config: {err.strerror}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(str(path), f"not valid TOML: {err}") from None
     apply_overrides(data, overrides)
+    _check_finite(data)
     return data, dumps(data)
+
+
+def _check_finite(data: Any, prefix: str = "") -> None:
+    """Refuse NaN/inf anywhere in the config (also in keys read with ``kind=object``)."""
+    if isinstance(data, dict):
+        pairs = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in data.items()]
+    else:
+        pairs = [(prefix, v) for v in data]
+    for key, v in pairs:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(key, f"must be a finite number, got {v!r}")
+        if isinstance(v, dict | list):
+            _check_finite(v, key)
 
 
 def _toml_value(value: Any) -> str:

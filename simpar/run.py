@@ -18,16 +18,19 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 
 from simpar import config as cfgmod
+from simpar import ensemble, signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
 from simpar.grid.model import GridSetup
+from simpar.io.files import check_output_path, final_status, write_error
+from simpar.memory import peak_memory_mib
 from simpar.parallel import distributed
 from simpar.parallel.engines import ENGINES, make_engine
+from simpar.parallel.ensemble import make_ensemble_engine
 from simpar.parallel.topology import AXIS_NAMES
 from simpar.progress import Progress
 
@@ -62,6 +65,7 @@ def run_config(
     overwrite: bool = False,
     progress: bool = True,
     resume: bool = False,
+    show_layout: bool = False,
 ) -> dict:
     """Run the experiment described by a parsed config.
 
@@ -74,6 +78,7 @@ def run_config(
       progress: show progress.
       resume: continue from the checkpoint next to the output (``<out>.ckpt``); the final
         state equals that of an uninterrupted run.
+      show_layout: print which device holds which block before the run (grid models).
 
     Returns:
       A summary: output path, steps, wall time, final diagnostics.
@@ -93,13 +98,11 @@ def run_config(
                 f"multi-process runs support the grid models and lj; {name!r} runs in one "
                 "process (use --devices and a mesh on one host)",
             )
-        if resume:
-            raise ConfigError(
-                "--resume", f"restart is available for grid models; not yet for {name!r}"
-            )
+        if show_layout:
+            raise ConfigError("--show-layout", f"grid models only; not {name!r}")
         module = importlib.import_module(PARTICLE_MODELS[name])
-        return module.run_config(data, config_text, **options)
-    return run_grid(data, config_text, resume=resume, **options)
+        return module.run_config(data, config_text, resume=resume, **options)
+    return run_grid(data, config_text, resume=resume, show_layout=show_layout, **options)
 
 
 def _parallel_settings(cfg: Section, engine, mesh):
@@ -112,12 +115,38 @@ def _parallel_settings(cfg: Section, engine, mesh):
     return engine, mesh, halo
 
 
-def _without_steps(text: str) -> dict:
-    import tomllib
+# state arrays per cell of each grid model (LBM: populations + the uint8 wall flag)
+_STATE_FIELDS = {"heat": 1, "wave": 2, "advection": (3, 4), "gray_scott": 2, "lbm": (9.25, 19.25)}
 
-    data = tomllib.loads(text)
-    data.get("time", {}).pop("steps", None)
-    return data
+
+def _check_grid_memory(cfg: Section, data: dict) -> None:
+    """Refuse a grid run that cannot fit in memory, before anything is allocated.
+
+    The estimate counts the state on the devices twice (input and output of a chunk), plus
+    halos, the host copy gathered for each output frame and the frame's transposed copy:
+    about ``4.2 x`` the state (on CPU every device shares the host's memory).
+    """
+    try:
+        g = data["grid"]
+        shape = [int(n) for n in g["shape"]]
+        itemsize = 8 if g.get("dtype", "float32") == "float64" else 4
+        fields = _STATE_FIELDS[data["model"]["name"]]
+    except (KeyError, TypeError, ValueError):
+        return  # malformed: the model's validation names the key
+    if not 2 <= len(shape) <= 3 or min(shape) < 1:
+        return
+    if isinstance(fields, tuple):
+        fields = fields[len(shape) - 2]
+    state = math.prod(shape) * itemsize * fields
+    from simpar.memory import check_fits
+
+    check_fits(
+        int(4.2 * state) + (256 << 20),
+        cfg.section("grid").key("shape"),
+        f"{fields:g} fields of {' x '.join(map(str, shape))} x {itemsize} bytes: state "
+        f"{state / 2**30:.3g} GiB, twice on the devices, plus halos and output frames",
+        "reduce grid.shape or run across more processes (--num-processes)",
+    )
 
 
 def run_grid(
@@ -131,14 +160,17 @@ def run_grid(
     overwrite=False,
     progress=True,
     resume=False,
+    show_layout=False,
 ) -> dict:
     from simpar.io import checkpoint
     from simpar.io.meta import run_metadata
     from simpar.io.netcdf import GridWriter
 
     cfg = Section(data)
+    _check_grid_memory(cfg, data)  # before the set-up allocates the initial state
     setup = grid_setup(cfg)
     model, domain = setup.model, setup.domain
+    ens = ensemble.from_config(cfg, data, grid_setup)  # None without [ensemble]
     t = cfg.section("time")
     cfg_steps = t.get("steps", None if steps is not None else cfgmod.REQUIRED, kind=int, min=0)
     n_steps = steps if steps is not None else cfg_steps
@@ -147,16 +179,25 @@ def run_grid(
     o = cfg.section("output")
     every = o.get("every", max(n_steps // 10, 1), kind=int, min=1)
     cfg_path = o.get("path", f"data/runs/{model.name}.nc", kind=str)
-    path = Path(out or cfg_path)
+    path_key = "--out" if out is not None else "output.path"
+    path = check_output_path(out if out is not None else cfg_path, path_key)
     save_checkpoints = o.get("checkpoint", True, kind=bool)
     gather_limit = o.get("gather_limit_gib", 16.0, min=0.0, exclusive_min=True)
     engine, mesh, halo = _parallel_settings(cfg, engine, mesh)
     if engine != "single" and mesh is None:
         import jax
 
-        mesh = (len(jax.devices()),)
+        mesh = (len(jax.devices()) // (ens.members if ens else 1),)
     cfg.check_unused()
-    eng = make_engine(engine, model, domain.shape, mesh if engine != "single" else None, halo)
+    if ens is None:
+        eng = make_engine(engine, model, domain.shape, mesh if engine != "single" else None, halo)
+    else:  # members on device groups; the mesh is one member's
+        if resume:
+            raise ConfigError("--resume", "ensemble runs cannot be resumed yet; run again")
+        eng = make_ensemble_engine(
+            engine, model, domain.shape, ens.members, mesh if engine != "single" else None, halo
+        )
+        setup.state, setup.params, save_checkpoints = ens.state, ens.params, False
     distributed.check_gather_size(
         sum(np.asarray(u).nbytes for u in setup.state.values()),
         gather_limit,
@@ -164,15 +205,7 @@ def run_grid(
     )
     start = 0
     if resume:
-        if not path.exists():
-            raise ConfigError("--resume", f"output file {path} does not exist; nothing to resume")
-        ck_state, start, ck_text, ck_model = checkpoint.load(checkpoint.checkpoint_path(path))
-        if ck_model != model.name or _without_steps(ck_text) != _without_steps(config_text):
-            raise ConfigError(
-                "--resume",
-                f"the config differs from the one {path} was started with "
-                "(only time.steps may change on resume)",
-            )
+        ck_state, start = checkpoint.load_for_resume(path, config_text, model.name)
         if start >= n_steps:
             raise ConfigError(
                 "--steps", f"the checkpoint is at step {start}; ask for more steps to resume"
@@ -193,25 +226,28 @@ def run_grid(
     # (in a multi-process run every process has validated before process 0 creates a file,
     # and only process 0 writes)
     main = distributed.is_main()
+    if show_layout and main:
+        from simpar.parallel.layout import describe
+
+        print(describe(eng), flush=True)
     distributed.barrier("simpar: input validated")
-    if main:
-        path.parent.mkdir(parents=True, exist_ok=True)
     d = domain.ndim
     names = AXIS_NAMES[:d]
     out_fields = setup.output or {f: (lambda s, f=f: s[f]) for f in model.fields}
     state = eng.place(setup.state)
     params = setup.params
     obs = eng.observe(state, params)
-    if obs["nonfinite"] > 0:
+    if np.sum(obs["nonfinite"]) > 0:
         raise ConfigError(
             "initial",
-            f"the initial state has {int(obs['nonfinite'])} non-finite values; "
+            f"the initial state has {int(np.sum(obs['nonfinite']))} non-finite values; "
             "check the [initial] settings",
         )
     variables = {}
+    member = ("ensemble",) if ens else ()  # the member dimension follows time
     for f in out_fields:
         variables[f] = {
-            "dims": ("time",) + tuple(reversed(names)),
+            "dims": ("time", *member) + tuple(reversed(names)),
             "dtype": domain.dtype,
             "units": model.units.get(f, "1"),
             "long_name": model.long_names.get(f, f),
@@ -219,23 +255,30 @@ def run_grid(
     for k, v in obs.items():
         if k == "nonfinite":
             continue
-        if np.ndim(v) == 1:
+        if np.ndim(v) == 1 + len(member):
             variables[k] = {
-                "dims": ("time", names[-1]),
+                "dims": ("time", *member, names[-1]),
                 "dtype": "float64",
                 "units": "1",
                 "long_name": f"{k[:-8]} averaged over {', '.join(names[:-1])}",
             }
         else:
-            variables[k] = {"dims": ("time",), "dtype": "float64", "units": "1", "long_name": k}
+            variables[k] = {
+                "dims": ("time", *member),
+                "dtype": "float64",
+                "units": "1",
+                "long_name": k,
+            }
     attrs = run_metadata(
         config_text,
         engine=engine,
         mesh=eng.grid.shape,
         dtype=domain.dtype,
-        seed=setup.seed,
+        seed=None if ens else setup.seed,
         model=model.name,
     )
+    if ens:
+        attrs.update(ens.attrs())
     attrs.update(
         {
             "halo_width": np.int32(eng.halo),
@@ -258,52 +301,76 @@ def run_grid(
             attrs=attrs,
             overwrite=overwrite,
             xdmf_min_interval=2.0,
+            key=path_key,
+            ensemble=ens.members if ens else None,
         )
+
+    last_good = [f"{path} (no frame written)"]
 
     def frame(step, host_state, obs):
         if not main:
             return
-        values = {f: np.transpose(fn(host_state)) for f, fn in out_fields.items()}
+        if ens:
+            split = [{k: v[m] for k, v in host_state.items()} for m in range(ens.members)]
+            values = {
+                f: np.stack([np.transpose(fn(s)) for s in split]) for f, fn in out_fields.items()
+            }
+        else:
+            values = {f: np.transpose(fn(host_state)) for f, fn in out_fields.items()}
         values.update({k: v for k, v in obs.items() if k != "nonfinite"})
-        writer.append(step * setup.dt, step, values)
-        if save_checkpoints:
-            checkpoint.save(
-                checkpoint.checkpoint_path(path), host_state, step, config_text, model.name
-            )
+        try:
+            writer.append(step * setup.dt, step, values)
+            if save_checkpoints:
+                ckpt = checkpoint.checkpoint_path(path)
+                checkpoint.save(ckpt, host_state, step, config_text, model.name)
+        except (OSError, RuntimeError) as err:  # disk full, I/O error (h5py: RuntimeError)
+            raise write_error(err, path, step, last_good[0]) from None
+        last_good[0] = f"{path} (frames up to step {step})"
 
     t0 = time.perf_counter()
     done = start
     cells = math.prod(domain.shape)
     try:
-        writer.set_status("running")
-        if not resume:
-            frame(0, eng.gather(state), obs)
-        with Progress(n_steps, enabled=progress and main, desc=f"{model.name}/{engine}") as bar:
-            bar.update(start)
-            while done < n_steps:
-                chunk = min(every, n_steps - done)
-                state = eng.advance(state, params, chunk)
-                obs = eng.observe(state, params)
-                done += chunk
-                if obs["nonfinite"] > 0:
-                    raise SimulationError(
-                        done,
-                        f"{int(obs['nonfinite'])} non-finite values in the fields after step {done}",
-                        hint="The scheme is unstable or a parameter is out of range: reduce time.dt "
-                        "or check [physics]",
-                        checkpoint=f"{path} (frames up to step {done - chunk})",
-                    )
-                frame(done, eng.gather(state), obs)
-                bar.update(chunk)
-        writer.set_status("complete")
+        with signals.deferred() as stop:
+            writer.set_status("running")
+            if not resume:
+                frame(0, eng.gather(state), obs)
+            with Progress(n_steps, enabled=progress and main, desc=f"{model.name}/{engine}") as bar:
+                bar.update(start)
+                while done < n_steps:
+                    stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
+                    chunk = min(every, n_steps - done)
+                    state = eng.advance(state, params, chunk, donate=True)
+                    obs = eng.observe(state, params)
+                    done += chunk
+                    if np.sum(obs["nonfinite"]) > 0:
+                        raise SimulationError(
+                            done,
+                            f"{int(np.sum(obs['nonfinite']))} non-finite values in the fields after "
+                            f"step {done}",
+                            hint="The scheme is unstable or a parameter is out of range: "
+                            "reduce time.dt or check [physics]",
+                            checkpoint=f"{path} (frames up to step {done - chunk})",
+                        )
+                    frame(done, eng.gather(state), obs)
+                    bar.update(chunk)
+            if main:
+                try:
+                    writer.flush()  # writes the sidecar: a full disk fails the run here
+                    writer.set_status("complete")
+                except (OSError, RuntimeError) as err:
+                    raise write_error(err, path, done, last_good[0]) from None
     except SimulationError as err:
-        writer.set_status(f"failed: {err}")
+        final_status(writer, f"failed: {err}")
         raise
-    except BaseException:
-        writer.set_status("failed: interrupted")
+    except signals.Interrupted as err:
+        final_status(writer, f"failed: {err.reason}")
+        raise
+    except BaseException as err:
+        final_status(writer, f"failed: {type(err).__name__}: {err}")
         raise
     finally:
-        writer.close()
+        final_status(writer, None)
     wall = time.perf_counter() - t0
     return {
         "path": str(path),
@@ -314,7 +381,8 @@ def run_grid(
         "resumed_from": start if resume else None,
         "wall_s": wall,
         "Mcell_updates_per_s": cells * (n_steps - start) / wall / 1e6 if wall > 0 else float("nan"),
-        "final": {k: (v.tolist() if np.ndim(v) == 0 else None) for k, v in obs.items()},
+        "final": {k: (v.tolist() if np.ndim(v) == len(member) else None) for k, v in obs.items()},
+        "peak_memory_mib": peak_memory_mib(),
     }
 
 

@@ -227,8 +227,12 @@ def test_continue_from_h5md_reproduces_uninterrupted_run(tmp_path, ensemble):
     run_config(cont, dumps(cont), engine=None, mesh=None, steps=None, out=None, progress=False)
     a, b = h5md.read_frame(tmp_path / "a.h5md"), h5md.read_frame(tmp_path / "b.h5md")
     assert a["step"] == b["step"] == 30
-    np.testing.assert_allclose(b["position"], a["position"], atol=1e-11)
-    np.testing.assert_allclose(b["velocity"], a["velocity"], atol=1e-11)
+    # The tolerance documented in simpar.io.h5md: the continuation rebuilds the neighbour
+    # list and recomputes the forces at the frame (another summation order), so it is not
+    # bitwise (--resume is); round-off then grows with the chaos of the liquid.
+    # Measured after 10 steps: 8.9e-16 sigma in position, 1.0e-14 in velocity.
+    np.testing.assert_allclose(b["position"], a["position"], rtol=0, atol=1e-14)
+    np.testing.assert_allclose(b["velocity"], a["velocity"], rtol=0, atol=1e-13)
 
 
 def test_sharded_equals_single(tmp_path):

@@ -14,6 +14,7 @@ Reads the ``[grid]`` and ``[boundary]`` tables shared by every grid model::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +56,48 @@ class Domain:
     def mesh(self) -> list[np.ndarray]:
         """``np.meshgrid(..., indexing="ij")`` of the cell centres."""
         return np.meshgrid(*self.coords(), indexing="ij")
+
+
+def outer_product(factors, scale: float = 1.0, dtype=np.float64) -> np.ndarray:
+    """``scale * f0[i] * f1[j] (* f2[k])`` as an array of ``dtype``, built in slabs.
+
+    Args:
+      factors: one 1-D float64 array per axis, ``(n_0,)``, ``(n_1,)`` ...
+      scale: a constant factor.
+      dtype: dtype of the result.
+
+    Returns:
+      ``(n_0, n_1, ...)`` array; products are taken in float64 and rounded once to
+      ``dtype``, a slab of at most 16 MiB at a time (set-up memory: the result only).
+    """
+    shape = tuple(len(f) for f in factors)
+    out = np.empty(shape, dtype)
+    rest = np.float64(scale)
+    for f in factors[1:]:
+        rest = np.multiply.outer(rest, np.asarray(f, np.float64))
+    rest = np.asarray(rest)
+    rows = max(1, (16 * 2**20) // (8 * max(rest.size, 1)))
+    f0 = np.asarray(factors[0], np.float64).reshape(-1, *([1] * (len(shape) - 1)))
+    with np.errstate(over="ignore"):  # an overflow to inf is reported by the driver's check
+        for i in range(0, shape[0], rows):
+            out[i : i + rows] = f0[i : i + rows] * rest
+    return out
+
+
+def uniform_random(shape, seed: int, scale: float = 1.0, dtype=np.float64) -> np.ndarray:
+    """``scale * default_rng(seed).random(shape)`` rounded to ``dtype``, built in slabs.
+
+    The values equal those of the one-shot float64 expression (the generator fills the
+    array in C order, slab after slab); only a 16 MiB float64 slab exists at a time.
+    """
+    rng = np.random.default_rng(seed)
+    out = np.empty(shape, dtype)
+    row = math.prod(shape[1:])
+    rows = max(1, (16 * 2**20) // (8 * max(row, 1)))
+    for i in range(0, shape[0], rows):
+        n = min(rows, shape[0] - i)
+        out[i : i + n] = scale * rng.random((n, *shape[1:]))
+    return out
 
 
 def domain_from_config(cfg: Section, ndims=(2, 3)) -> Domain:

@@ -25,7 +25,13 @@ import numpy as np
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import stencils
-from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config
+from simpar.grid.domain import (
+    Domain,
+    boundaries_from_config,
+    domain_from_config,
+    outer_product,
+    uniform_random,
+)
 from simpar.grid.model import GridModel, GridSetup
 
 STENCILS = ("5pt", "9pt")
@@ -80,23 +86,23 @@ def gaussian(
     t: float = 0.0,
     diffusivity: float = 0.0,
     images: int = 2,
+    dtype=np.float64,
 ) -> np.ndarray:
     """A Gaussian in a periodic box, exact for the heat equation at time ``t``.
 
     ``amplitude * (w^2 / (w^2 + 2 D t))^(d/2) * sum_images exp(-|r - c|^2 / (2 (w^2 + 2 D t)))``
-    with ``images`` periodic copies each way (enough when ``width << length``). float64.
+    with ``images`` periodic copies each way (enough when ``width << length``). The sum over
+    the image lattice factorises into one 1-D sum per axis, evaluated in float64; the full
+    array is their outer product, written in ``dtype`` (no float64 temporary of the grid's
+    size: 4096^2 float32 needs one 64 MiB array).
     """
     s2 = width**2 + 2 * diffusivity * t
-    out = np.zeros(domain.shape)
-    grids = domain.mesh()
-    shifts = range(-images, images + 1)
-    for offs in np.ndindex(*(len(shifts),) * domain.ndim):
-        r2 = sum(
-            (g - c - shifts[o] * L) ** 2
-            for g, c, o, L in zip(grids, center, offs, domain.length, strict=True)
-        )
-        out += np.exp(-r2 / (2 * s2))
-    return amplitude * (width**2 / s2) ** (domain.ndim / 2) * out
+    shifts = np.arange(-images, images + 1)
+    factors = [
+        np.exp(-((x[:, None] - c - shifts[None, :] * L) ** 2) / (2 * s2)).sum(axis=1)
+        for x, c, L in zip(domain.coords(), center, domain.length, strict=True)
+    ]
+    return outer_product(factors, amplitude * (width**2 / s2) ** (domain.ndim / 2), dtype)
 
 
 def from_config(cfg: Section) -> GridSetup:
@@ -133,24 +139,25 @@ def from_config(cfg: Section) -> GridSetup:
     if kind == "gaussian":
         center = ini.get("center", [L / 2 for L in domain.length], length=d)
         width = ini.get("width", 0.05 * min(domain.length), min=0.0, exclusive_min=True)
-        u0 = gaussian(domain, center, width, amplitude)
+        u0 = gaussian(domain, center, width, amplitude, dtype=domain.dtype)
     elif kind == "sine":
         modes = ini.get("modes", [1] * d, kind=int, length=d, min=0)
-        u0 = amplitude * np.prod(
+        u0 = outer_product(
             [
                 np.sin(np.pi * k * x / L)
-                for k, x, L in zip(modes, domain.mesh(), domain.length, strict=True)
+                for k, x, L in zip(modes, domain.coords(), domain.length, strict=True)
             ],
-            axis=0,
+            amplitude,
+            domain.dtype,
         )
     else:
         seed = ini.get("seed", 0, kind=int)
-        u0 = amplitude * np.random.default_rng(seed).random(domain.shape)
+        u0 = uniform_random(domain.shape, seed, amplitude, domain.dtype)
     return GridSetup(
         model=make_model(d, bcs, stencil),
         domain=domain,
         params=make_params(domain, D, dt),
-        state={"u": u0.astype(domain.dtype)},
+        state={"u": u0.astype(domain.dtype, copy=False)},
         dt=dt,
         seed=seed,
     )

@@ -587,6 +587,14 @@ def from_config(cfg: Section) -> GridSetup:
         )
     has_lid = any(b == "lid" for pair in walls for b in pair)
     u_lid = ph.get("u_lid", 0.1 if has_lid else 0.0, min=0.0, max=MAX_LID_SPEED)
+    if u_lid > 0 and not has_lid:
+        # an empty or missing [boundary] means periodic on every axis: never drop a lid silently
+        raise ConfigError(
+            cfg.section("boundary").key(AXES[1]),
+            f"physics.u_lid = {u_lid:g} but no [boundary] side is 'lid' (a missing or empty "
+            '[boundary] table is periodic on every axis); set e.g. boundary.x = "wall" and '
+            'boundary.y = {lower = "wall", upper = "lid"}, or remove physics.u_lid',
+        )
     rho0 = ph.get("rho0", 1.0, min=0.0, exclusive_min=True)
     given = [k for k in ("reynolds", "viscosity", "tau") if k in ph]
     if len(given) != 1:

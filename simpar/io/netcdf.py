@@ -1,4 +1,4 @@
-"""Grid output: netCDF4-compatible HDF5 written with plain h5py, plus an XDMF sidecar.
+"""Grid output: netCDF4 files (layout by ``h5netcdf``, frames by h5py), plus an XDMF sidecar.
 
 Contract (DESIGN.md, "CONTRACT: files"): ``xarray.open_dataset(path,
 engine="h5netcdf")`` opens the file directly, with named dimensions ``time`` and the
@@ -17,13 +17,19 @@ there against xarray, netCDF4, ncdump and VTK's readers)::
             gzip(4)+shuffle for variables with spatial dims
     global attributes: Conventions="CF-1.8", run_status, the run metadata.
 
-- The file is created with ``track_order=True`` (netCDF-C can then append) and the
-  default libver: ``libver="latest"`` would make the file unreadable by HDF5 1.10,
-  ncdump 4.9 and ParaView.
+- The file is created exclusively (or, with ``overwrite``, built beside the old one and
+  renamed over it: ``simpar.io.files.create_hdf5``) with ``track_order=True`` (netCDF-C
+  can then append) and the default libver: ``libver="latest"`` would make the file
+  unreadable by HDF5 1.10, ncdump 4.9 and ParaView. ``h5netcdf`` writes the layout
+  (dimensions, dimension scales with netCDF dimension ids, ``_FillValue``) on that h5py
+  file; frames are appended with h5py (the commit order below is ours).
 - Every string attribute is fixed-length (NC_CHAR): vlen strings break ParaView's CF
   reader. ASCII text is stored as ``np.bytes_`` (the verified recipe); text with
   non-ASCII characters as a fixed-length string with the UTF-8 character set, so that
   h5netcdf decodes it correctly.
+- Write errors: a frame that would not fit on the file system is refused before the file
+  is touched (``OSError`` ENOSPC); the dataset objects stay open so that the per-frame
+  flush, not a destructor, writes their chunks and raises on a failed write.
 - Crash safety: one handle stays open for the whole run; each frame writes the data,
   then ``step``, then ``time`` LAST, then flushes. A run killed at any moment leaves a
   file that every reader opens with all flushed frames. A frame that was cut short has
@@ -56,16 +62,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import h5netcdf
 import h5py
 import numpy as np
 
 from simpar.errors import ConfigError
+from simpar.io.files import create_hdf5, ensure_space, remove_stale_temps, write_text_atomic
 
 __all__ = ["GridWriter", "open_frames", "read_attrs", "variable_dims"]
 
 _TIME = "time"
 _STEP = "step"
-_RESERVED = (_TIME, _STEP)
+_ENSEMBLE = "ensemble"  # optional member dimension, right after time
+_RESERVED = (_TIME, _STEP, _ENSEMBLE)
 _NT = "@NT@"  # placeholder for the frame count in cached XDMF text
 _GZIP_LEVEL = 4
 _MAX_CHUNK_BYTES = 64 * 2**20  # split the slowest axes of bigger frames (4 GiB limit)
@@ -221,6 +230,10 @@ class GridWriter:
         after every frame). The sidecar is always rewritten on close; a larger value
         saves I/O on runs with many frames, at the cost of a sidecar that may lag the
         HDF5 file after a crash.
+      key: the option or config key named in errors about ``path``.
+      ensemble: number of ensemble members: adds the dimension ``ensemble`` (coordinate:
+        member index) that variables may name right after ``time``, e.g.
+        ``("time", "ensemble", "y", "x")``. Such variables are not in the XDMF sidecar.
 
     Raises:
       ConfigError: ``path`` exists and ``overwrite`` is false (key ``--out``).
@@ -241,6 +254,8 @@ class GridWriter:
         overwrite: bool = False,
         title: str | None = None,
         xdmf_min_interval: float = 0.0,
+        key: str = "--out",
+        ensemble: int | None = None,
     ):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
@@ -263,109 +278,91 @@ class GridWriter:
                 raise ValueError(f"coordinate {name!r} must be a non-empty 1-D array")
             if name in _RESERVED:
                 raise ValueError(f"coordinate name {name!r} is reserved")
-        specs = _check_variables(variables, list(coords))
+        specs = _check_variables(variables, list(coords), ensemble is not None)
+        sizes = {} if ensemble is None else {_ENSEMBLE: int(ensemble)}
+        sizes.update({name: c.size for name, c in coords.items()})
 
-        xdmf_path = Path(str(self.path) + ".xdmf")
-        if overwrite:
-            xdmf_path.unlink(missing_ok=True)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            f = h5py.File(self.path, "w", track_order=True)  # default libver, on purpose
-        except OSError as e:  # e.g. another process holds the file open (HDF5 lock)
-            raise ConfigError("--out", f"cannot create output file {str(self.path)!r}: {e}") from e
-        try:
-            f.attrs["Conventions"] = _text_attr("CF-1.8")
-            f.attrs["title"] = _text_attr(title if title is not None else self.path.name)
-            f.attrs["run_status"] = _text_attr("running")
-            _set_attrs(f, dict(attrs or {}))
+        def build(f: h5py.File) -> None:
+            # h5netcdf writes the netCDF4 layout (dimension scales, netCDF dimension ids,
+            # _FillValue); attribute values are NC_CHAR text (np.bytes_) as ParaView needs
+            nc = h5netcdf.File(f, "r+")
+            nc.dimensions = {_TIME: None, **sizes}  # time, [ensemble,] spatial axes
+            nc.attrs["Conventions"] = _text_attr("CF-1.8")
+            nc.attrs["title"] = _text_attr(title if title is not None else self.path.name)
+            nc.attrs["run_status"] = _text_attr("running")
+            _set_attrs(nc, dict(attrs or {}))
 
-            t = f.create_dataset(
-                _TIME,
-                (0,),
-                maxshape=(None,),
-                chunks=(1024,),
-                dtype="f8",
-                fillvalue=np.nan,
-            )
+            t = nc.create_variable(_TIME, (_TIME,), "f8", chunks=(1024,), fillvalue=np.nan)
             t.attrs["units"] = _text_attr(time_units)
             t.attrs["long_name"] = _text_attr("simulation time")
             t.attrs["axis"] = _text_attr("T")  # VTK needs it to find the time axis
-            t.attrs["_FillValue"] = np.float64(np.nan)
-            t.make_scale(_TIME)
-            scales = {_TIME: t}
+            if ensemble is not None:
+                e = nc.create_variable(
+                    _ENSEMBLE, (_ENSEMBLE,), "i4", data=np.arange(int(ensemble), dtype=np.int32)
+                )
+                e.attrs["long_name"] = _text_attr("ensemble member")
+                e.attrs["units"] = _text_attr("1")
             for name, c in coords.items():
-                d = f.create_dataset(name, data=c)
+                d = nc.create_variable(name, (name,), "f8", data=c)
                 # No "axis" attribute: ParaView would take x/y as lon/lat.
                 d.attrs["units"] = _text_attr(length_units)
                 d.attrs["long_name"] = _text_attr(f"{name} coordinate of cell centres")
-                d.make_scale(name)
-                scales[name] = d
-
-            s = f.create_dataset(_STEP, (0,), maxshape=(None,), chunks=(1024,), dtype="i8")
+            s = nc.create_variable(_STEP, (_TIME,), "i8", chunks=(1024,))
             s.attrs["long_name"] = _text_attr("time-step index")
             s.attrs["units"] = _text_attr("1")
-            s.dims[0].attach_scale(t)
 
             for name, spec in specs.items():
                 dims = spec["dims"]
                 dtype = np.dtype(spec["dtype"])
-                spatial = tuple(coords[d].size for d in dims[1:])
-                kwargs: dict[str, Any] = {}
+                spatial = tuple(sizes[d] for d in dims[1:])
+                kwargs: dict[str, Any] = {"chunks": (1024,)}
                 if spatial:
                     kwargs["chunks"] = _chunks(spatial, dtype.itemsize)
                     if compression:
                         kwargs.update(
-                            compression="gzip",
-                            compression_opts=_GZIP_LEVEL,
-                            shuffle=True,
+                            compression="gzip", compression_opts=_GZIP_LEVEL, shuffle=True
                         )
-                else:
-                    kwargs["chunks"] = (1024,)
                 if dtype.kind == "f":
                     kwargs["fillvalue"] = dtype.type(np.nan)
-                v = f.create_dataset(
-                    name,
-                    (0, *spatial),
-                    maxshape=(None, *spatial),
-                    dtype=dtype,
-                    **kwargs,
-                )
-                if dtype.kind == "f":
-                    v.attrs["_FillValue"] = dtype.type(np.nan)
+                v = nc.create_variable(name, dims, dtype, **kwargs)
                 v.attrs["units"] = _text_attr(str(spec.get("units", "1")))
                 if spec.get("long_name"):
                     v.attrs["long_name"] = _text_attr(str(spec["long_name"]))
                 _set_attrs(v, dict(spec.get("attrs", {})))
-                for i, d in enumerate(dims):
-                    v.dims[i].attach_scale(scales[d])
-            f.flush()
-        except BaseException:
-            f.close()
-            raise
+            nc.close()  # detaches the wrapper; the h5py file stays open
+
+        # exclusive creation; --overwrite builds beside the old file and renames
+        f = create_hdf5(self.path, build, overwrite=overwrite, key=key, track_order=True)
         self._setup(f, xdmf=xdmf, xdmf_min_interval=xdmf_min_interval)
+        if overwrite:
+            self._write_xdmf()  # the old sidecar lists frames of the old file
 
     # ------------------------------------------------------------------ (re)opening
     def _setup(self, f: h5py.File, *, xdmf: bool, xdmf_min_interval: float) -> None:
         """Cache the layout of the open file ``f`` (for __init__ and open_existing)."""
         self._f = f
         self.xdmf_path: Path | None = Path(str(self.path) + ".xdmf") if xdmf else None
+        if self.xdmf_path is not None:
+            remove_stale_temps(self.xdmf_path)  # a sidecar rewrite cut short by a kill
         self._xdmf_min_interval = float(xdmf_min_interval)
         self._xdmf_last = -math.inf
         self._xdmf_dirty = False
         self._status_set = False
         self._vars: dict[str, tuple[str, ...]] = {}
+        self._ds: dict[str, h5py.Dataset] = {}  # kept open: see append
         for name, ds in f.items():
             if name in _RESERVED or not isinstance(ds, h5py.Dataset):
                 continue
             dims = variable_dims(ds)
             if dims and dims[0] == _TIME:
                 self._vars[name] = dims
+                self._ds[name] = ds
         # Spatial axes: the dimension scales other than time, in creation order
         # (track_order=True), which is C order.
         axes = [
             name
             for name, ds in f.items()
-            if isinstance(ds, h5py.Dataset) and ds.is_scale and name != _TIME
+            if isinstance(ds, h5py.Dataset) and ds.is_scale and name not in (_TIME, _ENSEMBLE)
         ]
         self.coords: dict[str, np.ndarray] = {a: f[a][...] for a in axes}
         self.n_frames = _n_committed(f)
@@ -486,9 +483,16 @@ class GridWriter:
                 )
             arrays[name] = a.astype(ds.dtype, copy=False)
         k = self.n_frames
-        # Data first, step, then time LAST: time is the commit marker.
+        # refuse a frame that cannot fit before touching the file: earlier frames stay intact
+        ensure_space(self.path, sum(a.nbytes for a in arrays.values()))
+        # Data first, step, then time LAST: time is the commit marker. The dataset objects
+        # stay open (self._ds): their chunks are then written by the file flush below, which
+        # raises on a write error; a chunk written when h5py drops a dataset object fails
+        # silently (HDF5 errors in __dealloc__ are only printed). Flushing each dataset on
+        # its own (H5Dflush) is not an option: killed runs then left unreadable files
+        # ("addr overflow") in 10 of 20 kills.
         for name, a in arrays.items():
-            ds = self._f[name]
+            ds = self._ds[name]
             ds.resize(k + 1, axis=0)
             ds[k] = a
         s = self._f[_STEP]
@@ -538,6 +542,7 @@ class GridWriter:
                 self._write_xdmf()
             self._f.flush()
         finally:
+            self._ds = {}
             self._f.close()
             self._f = None
 
@@ -672,15 +677,13 @@ class GridWriter:
             + ("\n" if self._frames else "")
             + " </Grid>\n</Domain>\n</Xdmf>\n"
         )
-        tmp = self.xdmf_path.with_name(self.xdmf_path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, self.xdmf_path)
+        write_text_atomic(self.xdmf_path, text)
         self._xdmf_last = _time.monotonic()
         self._xdmf_dirty = False
 
 
 def _check_variables(
-    variables: Mapping[str, Mapping[str, Any]], axes: list[str]
+    variables: Mapping[str, Mapping[str, Any]], axes: list[str], ensemble: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Validate variable specs; returns copies with ``dims`` as tuples, dtype set."""
     if not variables:
@@ -692,7 +695,7 @@ def _check_variables(
         if "/" in name or not name:
             raise ValueError(f"invalid variable name {name!r}")
         dims = tuple(spec.get("dims", ()))
-        spatial = dims[1:]
+        spatial = dims[2:] if ensemble and dims[1:2] == (_ENSEMBLE,) else dims[1:]
         order = [axes.index(d) for d in spatial if d in axes]
         if (
             not dims

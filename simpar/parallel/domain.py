@@ -806,6 +806,9 @@ class DomainSimulation:
         out = self._fn("thermo")(self.state, self.space)
         return {k: float(self._first(v)) for k, v in out.items()}
 
+    def current_step(self) -> int:
+        return int(self._first(self.state.step))
+
     def counts(self) -> np.ndarray:
         """Owned atoms per device (host)."""
         return (np.asarray(self.mapper.get(self.state.ids)) >= 0).sum(axis=1)
@@ -831,6 +834,7 @@ def make_domain_simulation(
     capacities: dict | None = None,
     devices=None,
     max_neighbors: int | None = None,
+    restore: dict | None = None,
 ) -> DomainSimulation:
     """Set up a decomposed run (periodic box), like ``md.make_simulation``.
 
@@ -843,6 +847,9 @@ def make_domain_simulation(
         are repaired by regrowing.
       devices: devices to use (default ``jax.devices()[:prod(mesh)]``).
       max_neighbors: initial neighbour row length (default measured from the density).
+      restore: global arrays in atom-id order as from ``DomainSimulation.global_state``
+        (a checkpoint, from any mesh or engine): the run continues from them (``position``
+        and ``velocity`` are then ignored), bit for bit on the same mesh.
       Others as in ``md.make_simulation``.
 
     Raises:
@@ -890,6 +897,8 @@ def make_domain_simulation(
         "e_pair": 0.0,
         "virial": 0.0,
     }
+    if restore is not None:
+        g = dict(restore)
     sim.load(g)
     sim.builds = 1
     return sim

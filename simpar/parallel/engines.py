@@ -9,12 +9,20 @@ The same per-block step (``advance_block``) runs under four engines:
 ``shard_map`` ``jax.shard_map`` on a named mesh ``("x", "y"[, "z"])``; ``ppermute`` along one
              mesh axis; row profiles by ``psum`` over a sub-set of the mesh axes.
 ``sharded``  the state is a global ``jax.Array`` with ``NamedSharding`` on an ``Auto`` mesh;
-             the unchanged global-view step is jit-compiled and XLA inserts the
-             communication (collective-permutes for the halo).
+             the step is jit-compiled on the global view of all blocks at once
+             (``BlockedComm``) and XLA inserts the communication: one collective-permute
+             per halo slab, nothing else (``tests/test_sharded_hlo.py``).
 =========== ================================================================================
 
 Each engine jit-compiles a chunk of ``n`` steps (``lax.fori_loop`` over exchanges), keeps the
 state on its devices between chunks, and is asked for diagnostics only between chunks.
+
+``place -> advance -> gather`` compose with ``jax.grad``, ``jax.vmap`` and ``jax.jit``: given
+traced values, ``place`` and ``gather`` are JAX operations (a sharding constraint, or the
+reshape/transpose of ``pmap``'s block layout and its inverse) and ``gather`` returns a
+``jax.Array``; given concrete values, ``gather`` returns host NumPy arrays. ``advance`` never
+consumes its input unless asked (``donate=True``, which the driver uses to halve the memory
+of a run).
 A halo of width ``w`` lets the per-block engines take ``w // radius`` steps per exchange.
 Changing the engine, the mesh, the halo width, the grid shape or ``n`` recompiles.
 """
@@ -37,15 +45,28 @@ from simpar.grid.model import GridModel, Params, State
 from simpar.grid.stencils import crop
 from simpar.parallel.distributed import gather_blocks, to_host
 from simpar.parallel.halo import (
+    BlockedComm,
     LocalComm,
     PmapComm,
     ShardMapComm,
     fill_edges,
+    from_blocks,
     pad,
+    to_blocks,
 )
 from simpar.parallel.topology import DeviceGrid, make_device_grid
 
 ENGINES = ("single", "pmap", "shard_map", "sharded")
+
+
+def _traced(state) -> bool:
+    """True when any leaf is a tracer (inside ``jax.grad``, ``vmap``, ``jit``, ...)."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(state))
+
+
+def _array(u):
+    """``jax.Array``s (and tracers) as they are; anything else as a NumPy array."""
+    return u if isinstance(u, jax.Array) else np.asarray(u)
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,19 +161,48 @@ class Engine:
         self._observe = None
 
     # State placement -------------------------------------------------------------------------
-    def place(self, state: dict[str, np.ndarray]):
+    def place(self, state: dict) -> State:
+        """Put a whole-domain state on the engine's devices in its layout.
+
+        Args:
+          state: field name -> array ``(*lead, N_0, ..., N_{d-1})`` (NumPy, ``jax.Array`` or a
+            tracer under ``jax.grad``/``vmap``/``jit``; traced values stay traced).
+
+        Returns:
+          The engine's layout: whole-domain arrays (``single``), globally sharded arrays
+          (``shard_map``, ``sharded``) or stacked blocks ``(n_dev, *lead, n_0, ...)``
+          (``pmap``). The input is never modified or consumed.
+        """
         raise NotImplementedError
 
-    def gather(self, state) -> dict[str, np.ndarray]:
-        """The whole state as host arrays (on every process of a multi-process run)."""
+    def gather(self, state: State) -> dict:
+        """The whole-domain state from the engine's layout (inverse of :meth:`place`).
+
+        Concrete arrays come back as host NumPy arrays (on every process of a multi-process
+        run); traced arrays (under ``jax.grad``/``vmap``/``jit``) as traced ``jax.Array``s,
+        so that a loss on the gathered fields can be differentiated.
+        """
+        if _traced(state):
+            return dict(state)
         return {f: to_host(u) for f, u in state.items()}
 
     # Running ---------------------------------------------------------------------------------
-    def advance(self, state, params: Params, n: int):
-        """Advance ``n`` steps on the devices (compiled once per distinct ``n``)."""
-        if n not in self._advance:
-            self._advance[n] = self._compile_advance(n)
-        return self._advance[n](state, params)
+    def advance(self, state: State, params: Params, n: int, *, donate: bool = False) -> State:
+        """Advance ``n`` steps on the devices (compiled once per distinct ``n`` and ``donate``).
+
+        Args:
+          state: the placed state (from :meth:`place` or a previous ``advance``).
+          params: model parameters (array leaves; differentiable).
+          n: number of steps (static: a new ``n`` compiles a new chunk program).
+          donate: let the result reuse ``state``'s buffers. ``state`` is then deleted and must
+            not be used again (the driver does this; a donated buffer used again raises
+            "Buffer has been deleted or donated", and has crashed the interpreter under
+            ``pmap``/``shard_map``/``sharded``). Default ``False``: ``state`` stays valid.
+        """
+        key = (int(n), bool(donate))
+        if key not in self._advance:
+            self._advance[key] = self._compile_advance(int(n), donate=bool(donate))
+        return self._advance[key](state, params)
 
     def observe(self, state, params: Params) -> dict[str, np.ndarray]:
         """Diagnostics as host NumPy values (scalars and 1-D profiles)."""
@@ -160,11 +210,11 @@ class Engine:
             self._observe = self._compile_observe()
         return {k: to_host(v) for k, v in self._observe(state, params).items()}
 
-    def _compile_advance(self, n: int):
+    def _compile_advance(self, n: int, donate: bool = False):
         raise NotImplementedError
 
     def _whole_domain_advance(self, n: int):
-        """``advance_block`` on a block that is the whole domain (``single``, ``sharded``)."""
+        """``advance_block`` on a block that is the whole domain (``single``)."""
         comm = LocalComm(self.model.ndim)
         return functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
 
@@ -191,10 +241,10 @@ class SingleEngine(Engine):
     name = "single"
 
     def place(self, state):
-        return {f: jax.device_put(np.asarray(u), self.devices[0]) for f, u in state.items()}
+        return {f: jax.device_put(_array(u), self.devices[0]) for f, u in state.items()}
 
-    def _compile_advance(self, n):
-        return jax.jit(self._whole_domain_advance(n), donate_argnums=0)
+    def _compile_advance(self, n, donate=False):
+        return jax.jit(self._whole_domain_advance(n), donate_argnums=0 if donate else ())
 
     def _compile_observe(self):
         return jax.jit(self._whole_domain_observe())
@@ -209,10 +259,14 @@ def _mesh(grid: DeviceGrid, devices) -> Mesh:
 
 
 class ShardedEngine(Engine):
-    """Global ``jax.Array`` with ``NamedSharding``; XLA partitions the unchanged global step.
+    """Global ``jax.Array`` with ``NamedSharding``; XLA partitions a jit-compiled global step.
 
-    The halo width is always the model's radius here (one step per pad): with the global view
-    the compiler, not the user, decides what crosses devices.
+    The step is ``advance_block``, the per-block program of the other engines, applied once to
+    the global view of all blocks: each field is reshaped to ``(*grid.shape, *lead, n_0, ...)``
+    (no data moves: device ``i`` holds block ``i``) and the halo is exchanged by ``BlockedComm``,
+    a shift of the boundary slabs along a grid axis, which XLA compiles into collective-permutes
+    of those slabs. Padding the global field itself (``N + 2w`` cells do not divide over the
+    devices) made XLA re-lay out whole fields every step.
     """
 
     name = "sharded"
@@ -225,27 +279,42 @@ class ShardedEngine(Engine):
         lead = (None,) * (ndim - self.model.ndim)
         return NamedSharding(self.mesh, P(*lead, *self.grid.axis_names))
 
+    def _block_sharding(self, ndim: int) -> NamedSharding:
+        rest = (None,) * (ndim - self.grid.ndim)
+        return NamedSharding(self.mesh, P(*self.grid.axis_names, *rest))
+
     def place(self, state):
-        # each process materialises only the shards its own devices hold (multi-host ready)
         out = {}
         for f, u in state.items():
+            if isinstance(u, jax.core.Tracer):
+                # a sharding constraint (unlike device_put) keeps a vmapped batch axis whole
+                out[f] = lax.with_sharding_constraint(u, self.sharding(u.ndim))
+                continue
+            if isinstance(u, jax.Array):  # already on devices: a copy in the layout
+                out[f] = jax.device_put(u, self.sharding(u.ndim))
+                continue
+            # host data: each process materialises only the shards its own devices hold
             u = np.asarray(u)
             out[f] = jax.make_array_from_callback(
                 u.shape, self.sharding(u.ndim), lambda idx, u=u: u[idx]
             )
         return out
 
-    def _compile_advance(self, n):
-        f = self._whole_domain_advance(n)
+    def _compile_advance(self, n, donate=False):
+        g, d = self.grid.shape, self.model.ndim
+        pin = lax.with_sharding_constraint
+        comm = BlockedComm(self.grid, self.mesh)
 
         def step(state, params):
-            out = f(state, params)
+            blocks = {}
+            for k, v in state.items():
+                b = to_blocks(v, g, d)
+                blocks[k] = pin(b, self._block_sharding(b.ndim))
+            out = advance_block(blocks, params, n, model=self.model, comm=comm, w=self.halo)
             # keep the result laid out like the input (no silent resharding between chunks)
-            return {
-                k: lax.with_sharding_constraint(v, self.sharding(v.ndim)) for k, v in out.items()
-            }
+            return {k: pin(from_blocks(v, g, d), self.sharding(v.ndim - d)) for k, v in out.items()}
 
-        return jax.jit(step, donate_argnums=0)
+        return jax.jit(step, donate_argnums=0 if donate else ())
 
     def _compile_observe(self):
         return jax.jit(self._whole_domain_observe())
@@ -259,30 +328,43 @@ class ShardMapEngine(ShardedEngine):
     def _specs(self, state_like):
         return {f: self.sharding(np.ndim(u)).spec for f, u in state_like.items()}
 
-    def _compile_advance(self, n):
+    params_spec = P()  # parameters are replicated (ensembles: split by member)
+
+    def _per_block(self, fn):
+        """The per-block function as ``shard_map`` calls it (ensembles strip a member axis)."""
+        return fn
+
+    def _observe_specs(self, state, params):
+        shapes = jax.eval_shape(self._whole_domain_observe(), state, params)
+        last = self.grid.axis_names[-1]
+        return {k: (P(last) if v.ndim == 1 else P()) for k, v in shapes.items()}
+
+    def _compile_advance(self, n, donate=False):
         comm = ShardMapComm(self.grid)
         f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
+        f = self._per_block(f)
 
         def step(state, params):
             specs = self._specs(state)
-            return jax.shard_map(f, mesh=self.mesh, in_specs=(specs, P()), out_specs=specs)(
-                state, params
-            )
+            return jax.shard_map(
+                f, mesh=self.mesh, in_specs=(specs, self.params_spec), out_specs=specs
+            )(state, params)
 
-        return jax.jit(step, donate_argnums=0)
+        return jax.jit(step, donate_argnums=0 if donate else ())
 
     def _compile_observe(self):
         comm = ShardMapComm(self.grid)
         obs = functools.partial(
             observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
         )
-        last = self.grid.axis_names[-1]
+        obs = self._per_block(obs)
 
         def run(state, params):
-            shapes = jax.eval_shape(self._whole_domain_observe(), state, params)
-            out_specs = {k: (P(last) if v.ndim == 1 else P()) for k, v in shapes.items()}
             return jax.shard_map(
-                obs, mesh=self.mesh, in_specs=(self._specs(state), P()), out_specs=out_specs
+                obs,
+                mesh=self.mesh,
+                in_specs=(self._specs(state), self.params_spec),
+                out_specs=self._observe_specs(state, params),
             )(state, params)
 
         return jax.jit(run)
@@ -295,33 +377,19 @@ class PmapEngine(Engine):
 
     def _blocks(self, u: np.ndarray) -> np.ndarray:
         """Global ``(*lead, N_0, ..., N_{d-1})`` -> ``(n_dev, *lead, n_0, ..., n_{d-1})``."""
-        d, g = self.model.ndim, self.grid.shape
-        lead = u.shape[: u.ndim - d]
-        split = []
-        for N, m in zip(u.shape[u.ndim - d :], g, strict=True):
-            split += [m, N // m]
-        v = u.reshape(*lead, *split)
-        nl = len(lead)
-        order = (
-            [nl + 2 * a for a in range(d)] + list(range(nl)) + [nl + 2 * a + 1 for a in range(d)]
-        )
-        return v.transpose(order).reshape(
-            self.grid.size, *lead, *(N // m for N, m in zip(u.shape[nl:], g, strict=True))
-        )
+        b = to_blocks(u, self.grid.shape, self.model.ndim)
+        return b.reshape(self.grid.size, *b.shape[self.grid.ndim :])
 
     def _unblocks(self, b: np.ndarray) -> np.ndarray:
-        d, g = self.model.ndim, self.grid.shape
-        lead = b.shape[1 : b.ndim - d]
-        nl = len(lead)
-        blk = b.shape[b.ndim - d :]
-        v = b.reshape(*g, *lead, *blk)
-        order = list(range(d, d + nl))
-        for a in range(d):
-            order += [a, d + nl + a]
-        return v.transpose(order).reshape(*lead, *(n * m for n, m in zip(blk, g, strict=True)))
+        return from_blocks(
+            b.reshape(*self.grid.shape, *b.shape[1:]), self.grid.shape, self.model.ndim
+        )
 
     def place(self, state):
-        return {f: self._put(self._blocks(np.asarray(u))) for f, u in state.items()}
+        if _traced(state):
+            # the pmapped chunk distributes the stacked blocks itself
+            return {f: self._blocks(u) for f, u in state.items()}
+        return {f: self._put(self._blocks(_array(u))) for f, u in state.items()}
 
     def _put(self, blocks: np.ndarray):
         # an identity pmap places block i on device i (device_put_sharded is deprecated); in a
@@ -332,13 +400,19 @@ class PmapEngine(Engine):
         return jax.pmap(lambda x: x, devices=self.devices)(blocks)
 
     def gather(self, state):
+        if _traced(state):
+            return {f: self._unblocks(u) for f, u in state.items()}
         return {f: self._unblocks(gather_blocks(u)) for f, u in state.items()}
 
-    def _compile_advance(self, n):
+    def _compile_advance(self, n, donate=False):
         comm = PmapComm(self.grid, "dev")
         f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
         return jax.pmap(
-            f, axis_name="dev", in_axes=(0, None), devices=self.devices, donate_argnums=0
+            f,
+            axis_name="dev",
+            in_axes=(0, None),
+            devices=self.devices,
+            donate_argnums=0 if donate else (),
         )
 
     def _compile_observe(self):
@@ -394,10 +468,6 @@ def make_engine(
         raise ConfigError(
             "--engine", f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}"
         )
-    if name == "sharded":
-        # XLA decides how halos move; a width above the radius would only add in-place
-        # boundary refills that the partitioner turns into extra collectives
-        halo = model.radius
     available = list(devices) if devices is not None else jax.devices()
     if mesh is None:
         mesh = (1,) if name == "single" else (len(available),)

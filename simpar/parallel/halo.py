@@ -13,6 +13,10 @@ Where the halo comes from is the ``Comm``'s business:
 - ``PmapComm``: one flat ``pmap`` axis over a ``DeviceGrid``; neighbours by ``lax.ppermute`` with
   pairs computed from the grid shape; row/column reductions with ``axis_index_groups``.
 - ``ShardMapComm``: named mesh axes under ``jax.shard_map``; ``ppermute`` along one mesh axis.
+- ``BlockedComm``: the global view of every block at once (the ``sharded`` engine): fields carry
+  the device-grid axes in front, ``(*grid.shape, *lead, n_0, ...)``, sharded one block per
+  device; a neighbour's slab arrives by a shift along a grid axis, which XLA's partitioner turns
+  into one collective-permute of the slab.
 
 At non-periodic outer edges ``ppermute`` delivers zeros; ``fill_edges`` then overwrites the halo
 with the physical boundary condition (selected with ``jnp.where`` on the device's coordinate,
@@ -26,6 +30,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from simpar.parallel.topology import DeviceGrid
 
@@ -42,7 +47,7 @@ class LocalComm:
     def shift(self, x, axis: int, direction: int):  # pragma: no cover - never called
         raise RuntimeError("LocalComm has no neighbours")
 
-    def coord(self, axis: int):
+    def coord(self, axis: int, ndim: int | None = None):
         return 0
 
     def psum(self, x):
@@ -77,7 +82,7 @@ class PmapComm:
     def shift(self, x, axis: int, direction: int):
         return lax.ppermute(x, self.axis_name, self.grid.shift_pairs(axis, direction))
 
-    def coord(self, axis: int):
+    def coord(self, axis: int, ndim: int | None = None):
         stride = 1
         for n in self.grid.shape[axis + 1 :]:
             stride *= n
@@ -116,7 +121,7 @@ class ShardMapComm:
     def shift(self, x, axis: int, direction: int):
         return lax.ppermute(x, self.names[axis], self.grid.axis_pairs(axis, direction))
 
-    def coord(self, axis: int):
+    def coord(self, axis: int, ndim: int | None = None):
         return lax.axis_index(self.names[axis])
 
     def psum(self, x):
@@ -131,6 +136,78 @@ class ShardMapComm:
     def psum_over(self, x, axes: Sequence[int]):
         names = tuple(self.names[a] for a in axes)
         return lax.psum(x, names) if names else x
+
+
+class BlockedComm:
+    """Every block at once, in the global view: the ``sharded`` engine's halo exchange.
+
+    A field is one array ``(*grid.shape, *lead, n_0, ..., n_{d-1})``: the device-grid axes in
+    front (sharded one entry per device, on ``mesh``), then the block as the per-block engines
+    see it. Everything but the exchange is global-view code that XLA partitions; a neighbour's
+    slab arrives by a ``ppermute`` of the slab array inside a ``shard_map`` along one mesh axis.
+
+    Why not leave the shift to XLA too: a halo padded onto the global field, ``(N_0 + 2w, ...)``,
+    does not divide over the devices, and XLA re-lays out whole fields every step (all-gathers,
+    all-to-alls); and in this blocked layout a ``jnp.roll`` of the slab along a grid axis is
+    compiled by XLA 0.10.2 as a permute of the whole block followed by the slice (the slice of
+    the slab is merged into the shift's slices of the sharded axis).
+
+    Args:
+      grid: the device grid.
+      mesh: the ``jax.sharding.Mesh`` whose axes ``grid.axis_names`` hold the blocks.
+    """
+
+    def __init__(self, grid: DeviceGrid, mesh):
+        self.grid = grid
+        self.ndim = grid.ndim
+        self.mesh = mesh
+        self._local = ShardMapComm(grid)
+
+    def extent(self, axis: int) -> int:
+        return self.grid.shape[axis]
+
+    def shift(self, x, axis: int, direction: int):
+        """Block ``i`` gets the slab of block ``i - direction`` (zeros past a non-periodic edge)."""
+        spec = P(*self.grid.axis_names, *((None,) * (x.ndim - self.ndim)))
+        return jax.shard_map(
+            lambda s: self._local.shift(s, axis, direction),
+            mesh=self.mesh,
+            in_specs=spec,
+            out_specs=spec,
+        )(x)
+
+    def coord(self, axis: int, ndim: int | None = None):
+        """Each block's coordinate along grid ``axis``, shaped to broadcast over ``ndim`` axes."""
+        shape = [1] * ndim
+        shape[axis] = self.grid.shape[axis]
+        return lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def to_blocks(u, grid_shape: Sequence[int], d: int):
+    """Global ``(*lead, N_0, ..., N_{d-1})`` -> ``(*grid_shape, *lead, n_0, ..., n_{d-1})``.
+
+    Works on NumPy and JAX arrays (``reshape`` and ``transpose`` only; on a JAX array sharded
+    along ``N_a`` over ``grid_shape[a]`` devices it moves no data between devices).
+    """
+    nl = u.ndim - d
+    lead = u.shape[:nl]
+    split = []
+    for N, m in zip(u.shape[nl:], grid_shape, strict=True):
+        split += [m, N // m]
+    order = [nl + 2 * a for a in range(d)] + list(range(nl)) + [nl + 2 * a + 1 for a in range(d)]
+    return u.reshape(*lead, *split).transpose(order)
+
+
+def from_blocks(b, grid_shape: Sequence[int], d: int):
+    """Inverse of :func:`to_blocks`: ``(*grid_shape, *lead, n_0, ...)`` -> ``(*lead, N_0, ...)``."""
+    nl = b.ndim - 2 * d
+    blk = b.shape[b.ndim - d :]
+    order = list(range(d, d + nl))
+    for a in range(d):
+        order += [a, d + nl + a]
+    return b.transpose(order).reshape(
+        *b.shape[d : d + nl], *(n * m for n, m in zip(blk, grid_shape, strict=True))
+    )
 
 
 def _slice(x, axis: int, start: int, stop: int):
@@ -167,7 +244,7 @@ def pad(x: jax.Array, w: int, bcs, comm) -> jax.Array:
             lo = comm.shift(inner_hi, a, +1)
             hi = comm.shift(inner_lo, a, -1)
             if not lo_bc.periodic:  # ppermute delivered zeros at the outer edges
-                c = comm.coord(a)
+                c = comm.coord(a, x.ndim)
                 lo = jnp.where(c == 0, lo_bc.fill(inner_lo, ax, -1), lo)
                 hi = jnp.where(c == comm.extent(a) - 1, hi_bc.fill(inner_hi, ax, +1), hi)
         x = lax.concatenate([lo, x, hi], ax)
@@ -197,7 +274,7 @@ def fill_edges(x: jax.Array, k: int, bcs, comm) -> jax.Array:
         lo = lo_bc.fill(_slice(x, ax, k, 2 * k), ax, -1)
         hi = hi_bc.fill(_slice(x, ax, n - 2 * k, n - k), ax, +1)
         if comm.extent(a) > 1:
-            c = comm.coord(a)
+            c = comm.coord(a, x.ndim)
             lo = jnp.where(c == 0, lo, _slice(x, ax, 0, k))
             hi = jnp.where(c == comm.extent(a) - 1, hi, _slice(x, ax, n - k, n))
         # in-place updates rather than a concatenate: under the sharded engine XLA keeps the

@@ -208,6 +208,8 @@ class NBodyEngine(NamedTuple):
         leapfrog steps in one dispatch (n_steps is traced: no recompilation per value).
       observables: ``(device state, params) -> Observables`` (replicated, whole system).
       fetch: ``device state -> NBodyState`` of NumPy (N, ...) arrays.
+      place: ``NBodyState`` of whole-system (N, ...) arrays -> device state, unchanged
+        (accelerations included: a restart continues bit for bit).
     """
 
     name: str
@@ -216,6 +218,7 @@ class NBodyEngine(NamedTuple):
     run: Callable
     observables: Callable
     fetch: Callable
+    place: Callable
 
 
 def check_layout(n: int, engine: str, n_devices: int) -> None:
@@ -297,6 +300,7 @@ def _make_engine(engine: str, n_devices: int, tb: int | None) -> NBodyEngine:
             lambda s, p, n: run(s, _cast(p, s.pos.dtype), n),
             lambda s, p: obs(s, _cast(p, s.pos.dtype)),
             _fetch_global,
+            lambda st: NBodyState(*(jax.device_put(jnp.asarray(a), dev) for a in st)),
         )
 
     if engine == "pmap":
@@ -345,6 +349,7 @@ def _make_engine(engine: str, n_devices: int, tb: int | None) -> NBodyEngine:
             run_fn,
             lambda s, p: first(block_obs(s, _cast(p, s.pos.dtype))),
             fetch,
+            lambda st: NBodyState(*(split(a) for a in st)),
         )
 
     # shard_map and sharded: global arrays sharded along the particle axis.
@@ -405,6 +410,7 @@ def _make_engine(engine: str, n_devices: int, tb: int | None) -> NBodyEngine:
         run_fn,
         lambda s, p: obs(s, params_on_mesh(p, s.pos.dtype)),
         _fetch_global,
+        lambda st: NBodyState(*(jax.device_put(jnp.asarray(a), part) for a in st)),
     )
 
 

@@ -12,7 +12,8 @@ Config keys (defaults in brackets)::
     [particles] n (>= 2), seed [0], dtype ["float64"] ("float32" | "float64")
     [time]      dt (> 0), steps (>= 0)
     [physics]   softening [0.0] (>= 0), G [1.0] (> 0)
-    [output]    every (>= 1), path ["data/runs/nbody.h5md"] (must end in .h5md)
+    [output]    every (>= 1), path ["data/runs/nbody.h5md"] (must end in .h5md),
+                checkpoint [true] (write <path>.ckpt with each frame, for --resume)
     [parallel]  engine ["single"], devices [1 for single, else all devices]
                 (or mesh = [n], as in other simpar configs)
 
@@ -28,6 +29,12 @@ Units are N-body units (G = M = 1, E = -1/4 for the Plummer sphere). Following
 "ps"), so ``MDAnalysis.Universe(path)`` opens the file and returns the stored numbers
 unconverted; ``reduced_unit`` attributes and ``/parameters`` ``unit_system = "nbody"``
 say what they really are.
+
+Restart: with each frame the whole state (positions, velocities, accelerations, masses,
+step; ``simpar.particles.checkpoint``) is written atomically to ``<path>.ckpt``;
+``resume=True`` (``simpar run --resume``) continues from it, appending to the same file, bit
+for bit equal to an uninterrupted run on the same engine and device count (to round-off on
+another: the state is stored in global particle order).
 """
 
 from __future__ import annotations
@@ -39,11 +46,21 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from simpar import signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
+from simpar.io import checkpoint
+from simpar.io.files import (
+    check_output_path,
+    set_status_or_fail,
+    status_on_exit,
+    write_error,
+)
 from simpar.io.h5md import H5MDWriter
 from simpar.io.meta import run_metadata
+from simpar.memory import check_fits, peak_memory_mib
 from simpar.parallel.ring import ENGINES, check_layout, make_engine
+from simpar.particles import checkpoint as particle_checkpoint
 from simpar.particles.nbody import Observables, make_params, plummer_sphere
 from simpar.progress import Progress
 
@@ -87,7 +104,9 @@ _NBODY_UNITS = {
 _VECTORS = ("momentum", "angular_momentum")
 
 
-def _open_output(path: Path, n: int, dtype: str, mass, attrs: dict) -> H5MDWriter:
+def _open_output(
+    path: Path, n: int, dtype: str, mass, attrs: dict, overwrite: bool = False, key="--out"
+) -> H5MDWriter:
     """An H5MD writer (``simpar.io.h5md``) set up for an open-boundary N-body run.
 
     Layout differences from an LJ run: ``boundary = "none"`` on every axis and zero box
@@ -95,7 +114,20 @@ def _open_output(path: Path, n: int, dtype: str, mass, attrs: dict) -> H5MDWrite
     observables ``momentum`` and ``angular_momentum`` ``[T, 3]``; ``unit_system =
     "nbody"`` and N-body ``reduced_unit`` labels; energies are totals, not per atom.
     """
-    writer = H5MDWriter(
+
+    def extra(writer: H5MDWriter) -> None:
+        obs = writer.file["observables"]
+        for name in _VECTORS:
+            grp = obs.create_group(name)
+            writer.elements[name] = grp.create_dataset(
+                "value", (0, 3), maxshape=(None, 3), chunks=(256, 3), dtype="f8"
+            )
+            grp["step"], grp["time"] = writer.step, writer.time  # hard links
+        for name, ds in writer.elements.items():
+            ds.attrs["reduced_unit"] = _NBODY_UNITS[name]
+        writer.time.attrs["reduced_unit"] = "N-body time (crossing time 2 sqrt(2))"
+
+    return H5MDWriter(
         path,
         n,
         boundary=("none",) * 3,
@@ -104,24 +136,10 @@ def _open_output(path: Path, n: int, dtype: str, mass, attrs: dict) -> H5MDWrite
         observables=[o for o in _OBSERVABLES if o not in _VECTORS],
         mass=mass,
         attrs=attrs,
+        overwrite=overwrite,
+        extra=extra,
+        key=key,
     )
-    obs = writer.file["observables"]
-    for name in _VECTORS:
-        grp = obs.create_group(name)
-        writer.elements[name] = grp.create_dataset(
-            "value", (0, 3), maxshape=(None, 3), chunks=(256, 3), dtype="f8"
-        )
-        grp["step"], grp["time"] = writer.step, writer.time  # hard links
-    for name, ds in writer.elements.items():
-        ds.attrs["reduced_unit"] = _NBODY_UNITS[name]
-    writer.time.attrs["reduced_unit"] = "N-body time (crossing time 2 sqrt(2))"
-    writer.file.flush()
-    return writer
-
-
-def _set_status(writer: H5MDWriter, status: str) -> None:
-    if writer.file:
-        writer.file["parameters"].attrs["run_status"] = status
 
 
 def _devices_for(engine: str, from_cli: bool, mesh, cfg_devices, cfg_mesh) -> int:
@@ -160,6 +178,7 @@ def run_config(
     out: str | None,
     progress: bool = True,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> dict:
     """Run an N-body config and write its H5MD output.
 
@@ -172,6 +191,9 @@ def run_config(
       steps: number of steps; None means ``time.steps``.
       out: output path; None means ``output.path``.
       progress: show a progress bar / log lines.
+      overwrite: replace an existing output file.
+      resume: continue from ``<out>.ckpt``, appending to the output (only ``time.steps``
+        may differ from the original config).
 
     Returns:
       Summary: path, engine, devices, n, steps, frames, initial and final total energy,
@@ -197,6 +219,7 @@ def run_config(
     osec = cfg.section("output")
     every = osec.get("every", kind=int, min=1)
     cfg_path = osec.get("path", "data/runs/nbody.h5md", kind=str)
+    save_checkpoints = osec.get("checkpoint", True, kind=bool)
     psec = cfg.section("parallel")
     cfg_engine = psec.get("engine", "single", kind=str, choices=ENGINES)
     cfg_devices = psec.get("devices", None, kind=int, min=1)
@@ -218,9 +241,15 @@ def run_config(
         raise ConfigError(
             path_key, f"must end in .h5md (MDAnalysis recognises H5MD by it), got {str(path)!r}"
         )
-    if path.is_dir():
-        raise ConfigError(path_key, f"{str(path)!r} is a directory")
-    if path.exists() and not overwrite:
+    path = check_output_path(path, path_key)
+    ck = None
+    if resume:
+        ck, ck_step = checkpoint.load_for_resume(path, config_text, name)
+        if ck_step >= n_steps:
+            raise ConfigError(
+                "--steps", f"the checkpoint is at step {ck_step}; ask for more steps to resume"
+            )
+    elif path.exists() and not overwrite:
         raise ConfigError(
             "--out",
             f"output file {path} exists; pass --overwrite to replace it or choose another --out",
@@ -228,6 +257,14 @@ def run_config(
     if dtype == "float64" and not jax.config.jax_enable_x64:
         # The driver is a top-level entry point: float64 runs need 64-bit JAX.
         jax.config.update("jax_enable_x64", True)
+
+    itemsize = np.dtype(dtype).itemsize
+    check_fits(  # pair arrays of one target block against its sources dominate
+        n * -(-n // n_devices) * 4 * itemsize + n * 64 * itemsize + (256 << 20),
+        part.key("n"),
+        f"{n} bodies, all pairs over {n_devices} device(s)",
+        "reduce particles.n or use more devices",
+    )
 
     # ---- everything validated: build the system and create the output
     pos, vel, mass = plummer_sphere(n, seed, dtype=np.dtype(dtype))
@@ -250,40 +287,61 @@ def run_config(
         "dt": np.float64(dt),
         "run_status": "running",
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = _open_output(path, n, dtype, mass, attrs)
+    if ck is not None:
+        ck_state, ck_step = particle_checkpoint.nbody_state_from_checkpoint(ck)
+        if ck_state.pos.shape != pos.shape:
+            raise ConfigError("--resume", "the checkpoint holds another number of particles")
+        writer = H5MDWriter.open_existing(path, step=ck_step)
+    else:
+        writer = _open_output(path, n, dtype, mass, attrs, overwrite=overwrite, key=path_key)
     no_box = np.zeros(3)
-    status = "failed"
     t0 = _time.monotonic()
-    try:
-        dstate = eng.init(pos, vel, mass, params)
-        obs = _observable_values(eng.observables(dstate, params))
-        _check_finite(obs, 0, None, 0)
-        e0 = float(obs["total_energy"])
-        max_de = 0.0
-        max_p = float(np.abs(obs["momentum"]).max())
+    last_good = f"{path} (no frame written)"
+
+    def frame(step, dstate, obs, e0):
+        nonlocal last_good
         host = eng.fetch(dstate)
-        writer.append(0, 0.0, host.pos, box=no_box, velocity=host.vel, observables=obs)
-        step = 0
-        with Progress(n_steps, enabled=progress, desc="nbody") as bar:
-            while step < n_steps:
-                chunk = min(every - step % every, n_steps - step)
-                dstate, dobs = eng.run(dstate, params, chunk)
-                obs = _observable_values(dobs)
-                step += chunk
-                _check_finite(obs, step, str(path), step - chunk)
-                max_de = max(max_de, abs(float(obs["total_energy"]) / e0 - 1.0))
-                max_p = max(max_p, float(np.abs(obs["momentum"]).max()))
-                if step % every == 0 or step == n_steps:
-                    host = eng.fetch(dstate)
-                    writer.append(
-                        step, step * dt, host.pos, box=no_box, velocity=host.vel, observables=obs
-                    )
-                bar.update(chunk, dE=f"{max_de:.1e}")
-        status = "completed"
-    finally:
-        _set_status(writer, status)
-        writer.close()
+        try:
+            writer.append(step, step * dt, host.pos, box=no_box, velocity=host.vel, observables=obs)
+        except (OSError, RuntimeError) as err:  # disk full, I/O error (h5py: RuntimeError)
+            raise write_error(err, path, step, last_good) from None
+        last_good = f"{path} (frames up to step {step})"
+        if save_checkpoints:  # after the frame: a kill in between drops that frame
+            state = particle_checkpoint.nbody_state_to_checkpoint(host, step)
+            state["energy_initial"] = np.float64(e0)
+            checkpoint.save(checkpoint.checkpoint_path(path), state, step, config_text, name)
+
+    with status_on_exit(writer):
+        with signals.deferred() as stop:
+            if ck is None:
+                dstate = eng.init(pos, vel, mass, params)
+                step = 0
+            else:
+                dstate, step = eng.place(ck_state), ck_step
+                last_good = f"{path} (frames up to step {step})"
+            obs = _observable_values(eng.observables(dstate, params))
+            _check_finite(obs, step, None, step)
+            e0 = float(ck["energy_initial"]) if ck is not None else float(obs["total_energy"])
+            max_de = abs(float(obs["total_energy"]) / e0 - 1.0)
+            max_p = float(np.abs(obs["momentum"]).max())
+            if ck is None:
+                frame(0, dstate, obs, e0)
+            first = step
+            with Progress(n_steps, enabled=progress, desc="nbody") as bar:
+                bar.update(first)
+                while step < n_steps:
+                    stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
+                    chunk = min(every - step % every, n_steps - step)
+                    dstate, dobs = eng.run(dstate, params, chunk)
+                    obs = _observable_values(dobs)
+                    step += chunk
+                    _check_finite(obs, step, str(path), step - chunk)
+                    max_de = max(max_de, abs(float(obs["total_energy"]) / e0 - 1.0))
+                    max_p = max(max_p, float(np.abs(obs["momentum"]).max()))
+                    if step % every == 0 or step == n_steps:
+                        frame(step, dstate, obs, e0)
+                    bar.update(chunk, dE=f"{max_de:.1e}")
+            set_status_or_fail(writer, "completed", path, step, last_good)
     wall = _time.monotonic() - t0
     return {
         "path": str(path),
@@ -299,7 +357,11 @@ def run_config(
         "energy_max_rel_error": max_de,
         "momentum_max_abs": max_p,
         "wall_s": wall,
-        "pair_interactions_per_s": float(n) * n * n_steps / wall if wall > 0 else math.nan,
+        "resumed_from": first if ck is not None else None,
+        "pair_interactions_per_s": float(n) * n * (n_steps - first) / wall
+        if wall > 0
+        else math.nan,
+        "peak_memory_mib": peak_memory_mib(),
     }
 
 

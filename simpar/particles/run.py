@@ -41,6 +41,7 @@ Config layout (every key optional unless marked; defaults in brackets)::
     path = "data/runs/lj.h5md"
     velocity = true
     force = false
+    checkpoint = true            # write <path>.ckpt with each frame (for --resume)
     [parallel]
     engine = "single"            # "single" | "pmap" | "shard_map" | "sharded"
     mesh = [8]                   # sharded: devices on the 1-D particle mesh [all];
@@ -48,6 +49,12 @@ Config layout (every key optional unless marked; defaults in brackets)::
                                  # into sub-boxes, e.g. [2, 4] or [2, 2, 2] [all along x]
 
 Everything is validated before the output file is created.
+
+Restart: with each frame the complete state (``simpar.particles.checkpoint``) is written
+atomically to ``<path>.ckpt``; ``run_config(..., resume=True)`` (``simpar run --resume``)
+continues from it, appending to the same H5MD file, bit for bit equal to an uninterrupted
+run on the same engine and mesh (to round-off on another one). ``system.init = "h5md"``
+instead starts a new run from a saved frame: see ``simpar.io.h5md`` for its tolerance.
 """
 
 from __future__ import annotations
@@ -62,12 +69,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar import signals
 from simpar.config import Section
 from simpar.errors import ConfigError, SimulationError
-from simpar.io import h5md
+from simpar.io import checkpoint, h5md
+from simpar.io.files import (
+    check_output_path,
+    set_status_or_fail,
+    status_on_exit,
+    write_error,
+)
 from simpar.io.meta import run_metadata
+from simpar.memory import check_fits, peak_memory_mib
 from simpar.parallel import distributed, domain
 from simpar.parallel.particles import shard_particles
+from simpar.particles import checkpoint as particle_checkpoint
 from simpar.particles import lattice, md, observables, potentials, space
 from simpar.progress import Progress
 
@@ -100,12 +116,11 @@ def _read(data: dict, engine, mesh, steps, out):
             raise ConfigError("system.file", f"H5MD file {path!r} not found")
         try:
             cfg["restart"] = h5md.read_frame(path, cfg["frame"])
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
             msg = f"cannot read a state from {path!r}: {err}"
             raise ConfigError("system.file", msg) from None
         fr = cfg["restart"]
-        if fr["velocity"] is None:
-            raise ConfigError("system.file", f"{path!r} has no velocities to continue from")
+        _check_restart(path, fr)
         bnd = fr["boundary"]
         default_b = "none" if all(b == "none" for b in bnd) else "periodic"
         cfg["boundary"] = sysc.get("boundary", default_b, kind=str, choices=("periodic", "none"))
@@ -150,11 +165,13 @@ def _read(data: dict, engine, mesh, steps, out):
     cfg["every"] = o.get("every", max(min(n_steps, 100), 1), kind=int, min=1)
     path = o.get("path", f"data/runs/{cfg['name']}.h5md", kind=str)
     cfg["path"] = out if out is not None else path
+    key = cfg["path_key"] = "--out" if out is not None else "output.path"
+    check_output_path(cfg["path"], key)
     if not cfg["path"].endswith(".h5md"):
-        key = "--out" if out is not None else "output.path"
         raise ConfigError(key, f"must end in .h5md (MDAnalysis needs it), got {cfg['path']!r}")
     cfg["write_velocity"] = o.get("velocity", True, kind=bool)
     cfg["write_force"] = o.get("force", False, kind=bool)
+    cfg["checkpoint"] = o.get("checkpoint", True, kind=bool)
 
     par = root.section("parallel")
     eng = par.get("engine", "single", kind=str)
@@ -191,6 +208,63 @@ def _read(data: dict, engine, mesh, steps, out):
     return cfg
 
 
+def _check_restart(path: str, fr: dict) -> None:
+    """Refuse an H5MD state that cannot start a run, naming the dataset at fault."""
+    traj = "/particles/trajectory"
+    pos = np.asarray(fr["position"])
+    if pos.ndim != 2 or pos.shape[1] != 3 or pos.shape[0] < 2:
+        raise ConfigError(
+            "system.file",
+            f"{path!r}: {traj}/position/value has frames of shape {pos.shape}; "
+            "expected (N, 3) with N >= 2",
+        )
+    if pos.dtype.kind != "f" or not np.all(np.isfinite(pos)):
+        raise ConfigError(
+            "system.file", f"{path!r}: {traj}/position/value holds non-finite or non-float values"
+        )
+    vel = fr["velocity"]
+    if vel is None:
+        raise ConfigError(
+            "system.file", f"{path!r} has no velocities to continue from ({traj}/velocity)"
+        )
+    vel = np.asarray(vel)
+    if vel.shape != pos.shape or vel.dtype.kind != "f" or not np.all(np.isfinite(vel)):
+        raise ConfigError(
+            "system.file",
+            f"{path!r}: {traj}/velocity/value must be finite floats of shape {pos.shape} "
+            f"like the positions, got {vel.dtype} {vel.shape}",
+        )
+    box = fr["box"]
+    if box is not None:
+        box = np.asarray(box)
+        edges = np.diag(box) if box.ndim == 2 else box
+        if edges.shape != (3,) or not np.all(np.isfinite(edges)) or np.any(edges < 0):
+            raise ConfigError(
+                "system.file",
+                f"{path!r}: {traj}/box/edges must be 3 finite edge lengths >= 0, got "
+                f"{np.asarray(box).tolist()}",
+            )
+        if all(b == "periodic" for b in fr["boundary"]) and np.any(edges <= 0):
+            raise ConfigError(
+                "system.file",
+                f"{path!r}: {traj}/box/edges has a zero edge {edges.tolist()} for a periodic box",
+            )
+        fr["box"] = edges
+    mass = fr.get("mass")
+    if mass is not None:
+        mass = np.asarray(mass)
+        if mass.shape != (pos.shape[0],) or not np.all(np.isfinite(mass)) or np.any(mass <= 0):
+            raise ConfigError(
+                "system.file",
+                f"{path!r}: {traj}/mass must hold {pos.shape[0]} finite masses > 0",
+            )
+    key = fr.get("rng_key")
+    if key is not None and np.asarray(key).shape != (2,):
+        raise ConfigError(
+            "system.file", f"{path!r}: /parameters/rng_key/value frames must have shape (2,)"
+        )
+
+
 def _initial(cfg):
     """Positions, velocities, box, step, key from the config (host arrays)."""
     dtype = jnp.dtype(cfg["dtype"])
@@ -211,6 +285,30 @@ def _initial(cfg):
         box = np.maximum(span, 1.0)
     key = fr["rng_key"]
     return r, np.asarray(fr["velocity"], dtype), np.asarray(box, dtype), fr["step"], key
+
+
+def _check_memory(cfg) -> None:
+    """Refuse a run that cannot fit, before the lattice or neighbour lists are allocated."""
+    if cfg["init"] == "lattice":
+        n = (4 if cfg["lattice"] == "fcc" else 1) * math.prod(cfg["cells"])
+        density = cfg["density"]
+    else:
+        n = cfg["restart"]["position"].shape[0]
+        density = 1.0  # dense liquid; the file's box may be open
+    reach = cfg["cutoff"] + cfg["skin"]
+    neighbours = cfg["max_neighbors"] or max(
+        16, int(density * 4.19 * reach**3 * cfg["capacity_factor"] * 1.5)
+    )
+    item = np.dtype(cfg["dtype"]).itemsize
+    # per atom ~ 16 vectors (state, forces, reference positions, host copies); per
+    # neighbour slot an index and its displacement, distance and pair terms
+    needed = n * (16 * 3 * item) + n * neighbours * (4 + 6 * item) + (256 << 20)
+    check_fits(
+        needed,
+        "system.cells" if cfg["init"] == "lattice" else "system.file",
+        f"{n} atoms with about {neighbours} neighbour slots each",
+        "use fewer atoms (system.cells) or more processes (--num-processes)",
+    )
 
 
 def _check_geometry(cfg, box):
@@ -251,6 +349,7 @@ def run_config(
     out: str | None,
     progress: bool = True,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> dict:
     """Run an LJ/Morse MD config and write an H5MD trajectory.
 
@@ -263,6 +362,9 @@ def run_config(
       out: overrides ``output.path``.
       progress: show a progress bar / log lines and the thermo lines.
       overwrite: replace an existing output file (else ``ConfigError`` on ``--out``).
+      resume: continue from ``<out>.ckpt`` up to ``steps`` steps after the run's first
+        step, appending to the output (only ``time.steps`` may differ from the original
+        config). ``thermo0`` and ``energy_drift`` then refer to the resumed state.
 
     Returns:
       Summary dict: ``path``, ``steps``, ``n_atoms``, ``engine``, ``mesh``, ``dtype``,
@@ -287,12 +389,16 @@ def run_config(
         # a top-level entry point: float64 runs need 64-bit JAX (float32 runs stay
         # float32 either way, every array has an explicit dtype)
         jax.config.update("jax_enable_x64", True)
-    if Path(cfg["path"]).exists() and not overwrite:
+    ck = None
+    if resume:
+        ck, ck_step = checkpoint.load_for_resume(cfg["path"], config_text, "lj")
+    elif Path(cfg["path"]).exists() and not overwrite:
         raise ConfigError(
             "--out",
             f"output file {cfg['path']} exists; pass --overwrite to replace it or choose "
             "another --out",
         )
+    _check_memory(cfg)
     r, v, box, step0, key = _initial(cfg)
     _check_geometry(cfg, box)
     decomposed = cfg["engine"] in DOMAIN_ENGINES
@@ -304,6 +410,14 @@ def run_config(
                 "runs on 'single' or 'sharded'",
             )
         domain.check_mesh(cfg["mesh"], box, cfg["cutoff"] + cfg["skin"])
+    if ck is not None:
+        step0 = int(ck.get("start_step", step0))
+        if ck_step >= step0 + cfg["steps"]:
+            raise ConfigError(
+                "--steps", f"the checkpoint is at step {ck_step}; ask for more steps to resume"
+            )
+        if ck.get("position", r).shape != r.shape:
+            raise ConfigError("--resume", "the checkpoint holds another number of atoms")
     dtype = jnp.dtype(cfg["dtype"])
     n = r.shape[0]
     ndev = 1 if decomposed else cfg["mesh"][0]
@@ -325,12 +439,20 @@ def run_config(
     placement = None
     if cfg["engine"] == "sharded":
         placement = lambda tree: shard_particles(tree, ndev, cap)  # noqa: E731
+    layout = particle_checkpoint.layout_name(cfg["engine"], cfg["mesh"], cap)
     if decomposed:
         sim = domain.make_domain_simulation(
             cfg["engine"], cfg["mesh"], spc, pot, r, v, mass=cfg["mass"], key=key,
             dt=cfg["dt"], ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"],
             skin=cfg["skin"], step=step0, max_neighbors=cfg["max_neighbors"],
             capacity_factor=cfg["capacity_factor"],
+            restore=None if ck is None else particle_checkpoint.lj_global_arrays(ck),
+        )  # fmt: skip
+    elif ck is not None:
+        sim = particle_checkpoint.lj_sim_from_checkpoint(
+            ck, spc, pot, ensemble=cfg["ensemble"], dt=cfg["dt"], kt=cfg["kt"],
+            gamma=cfg["gamma"], capacity=cap, layout=layout,
+            capacity_factor=cfg["capacity_factor"], placement=placement,
         )  # fmt: skip
     else:
         sim = md.make_simulation(
@@ -357,10 +479,10 @@ def run_config(
                  noise_seed=np.int64(cfg["noise_seed"]))  # fmt: skip
     path = cfg["path"]
     distributed.barrier("simpar: input validated")  # every process checked before 0 writes
-    if main:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
     boundary = [cfg["boundary"]] * 3
     host = distributed.to_host  # a collective in multi-process runs: every process calls it
+
+    last_good = [f"{path} (no frame written)"]
 
     def snapshot():
         """Global host arrays in atom-id order (a collective across processes)."""
@@ -372,46 +494,74 @@ def run_config(
 
     def frame(writer, th, g):
         step = int(g["step"])
-        writer.append(  # distributed.NoWriter on processes other than 0
-            step, float(step) * cfg["dt"], g["position"], box=np.asarray(box),
-            velocity=g["velocity"] if cfg["write_velocity"] else None,
-            force=g["force"] if cfg["write_force"] else None, observables=th,
-            rng_key=g["key"],
-        )  # fmt: skip
+        try:
+            writer.append(  # distributed.NoWriter on processes other than 0
+                step, float(step) * cfg["dt"], g["position"], box=np.asarray(box),
+                velocity=g["velocity"] if cfg["write_velocity"] else None,
+                force=g["force"] if cfg["write_force"] else None, observables=th,
+                rng_key=g["key"],
+            )  # fmt: skip
+        except (OSError, RuntimeError) as err:  # disk full, I/O error (h5py: RuntimeError)
+            raise write_error(err, path, step, last_good[0]) from None
+        last_good[0] = f"{path} (frames up to step {step})"
+        if cfg["checkpoint"]:  # after the frame: a kill in between drops that frame
+            if decomposed:
+                state = particle_checkpoint.domain_state_to_checkpoint(sim, g, layout, step0)
+            else:
+                state = particle_checkpoint.lj_state_to_checkpoint(sim, n, layout, step0, host)
+            if main:
+                checkpoint.save(checkpoint.checkpoint_path(path), state, step, config_text, "lj")
 
     t0 = time.perf_counter()
-    done = 0
+    now = sim.current_step() if decomposed else int(sim.state.step)
+    done = first = 0 if ck is None else now - step0
     th = th0
-    writer_cls = h5md.H5MDWriter if main else distributed.NoWriter
-    with writer_cls(
-        path, n, boundary=boundary, dtype=cfg["dtype"], velocity=cfg["write_velocity"],
-        force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
-        mass=np.full(n, cfg["mass"]), attrs=attrs,
-    ) as writer, Progress(cfg["steps"], enabled=progress, desc=cfg["name"]) as bar:  # fmt: skip
-        frame(writer, th0, snapshot())
-        while done < cfg["steps"]:
-            k = min(cfg["every"], cfg["steps"] - done)
-            try:
-                sim.advance(k)
-            except RuntimeError as err:
-                raise SimulationError(
-                    step0 + done,
-                    f"neighbour list overflow could not be repaired ({err})",
-                    "raise neighbors.max_neighbors or check for collapsing particles",
-                    f"{path} (frame {writer.frames - 1})",
-                ) from None
-            done += k
-            th = sim.thermo()
-            g = snapshot()
-            problem = _blown_up(g, th, cfg["dt"])
-            if problem:
-                raise SimulationError(
-                    step0 + done, problem,
-                    "reduce time.dt (or check the potential and initial state)",
-                    f"{path} (frame {writer.frames - 1})",
-                )  # fmt: skip
-            frame(writer, th, g)
-            bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
+    if not main:
+        writer = distributed.NoWriter()
+    elif ck is not None:
+        writer = h5md.H5MDWriter.open_existing(path, step=step0 + done)
+        last_good[0] = f"{path} (frames up to step {step0 + done})"
+    else:
+        writer = h5md.H5MDWriter(
+            path, n, boundary=boundary, dtype=cfg["dtype"], velocity=cfg["write_velocity"],
+            force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
+            mass=np.full(n, cfg["mass"]), attrs=attrs, overwrite=overwrite, key=cfg["path_key"],
+        )  # fmt: skip
+    with status_on_exit(writer):
+        with (
+            signals.deferred() as stop,
+            Progress(cfg["steps"], enabled=progress, desc=cfg["name"]) as bar,
+        ):
+            writer.set_status("running")
+            if ck is None:
+                frame(writer, th0, snapshot())
+            bar.update(done)
+            while done < cfg["steps"]:
+                stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
+                # frames at step0 + multiples of output.every (also after a resume)
+                k = min(cfg["every"] - done % cfg["every"], cfg["steps"] - done)
+                try:
+                    sim.advance(k)
+                except RuntimeError as err:
+                    raise SimulationError(
+                        step0 + done,
+                        f"neighbour list overflow could not be repaired ({err})",
+                        "raise neighbors.max_neighbors or check for collapsing particles",
+                        last_good[0],
+                    ) from None
+                done += k
+                th = sim.thermo()
+                g = snapshot()
+                problem = _blown_up(g, th, cfg["dt"])
+                if problem:
+                    raise SimulationError(
+                        step0 + done, problem,
+                        "reduce time.dt (or check the potential and initial state)",
+                        last_good[0],
+                    )  # fmt: skip
+                frame(writer, th, g)
+                bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
+            set_status_or_fail(writer, "complete", path, step0 + done, last_good[0])
     wall = time.perf_counter() - t0
     if progress:
         print(observables.format_thermo(step0 + done, th), flush=True)
@@ -424,10 +574,12 @@ def run_config(
         "mesh": list(cfg["mesh"]),
         "dtype": cfg["dtype"],
         "wall_s": wall,
-        "atom_steps_per_s": n * cfg["steps"] / wall if wall > 0 else float("nan"),
+        "atom_steps_per_s": n * (cfg["steps"] - first) / wall if wall > 0 else float("nan"),
         "thermo0": th0,
         "thermo": th,
         "energy_drift": th["total_energy"] - th0["total_energy"],
         "regrows": sim.regrows,
+        "resumed_from": step0 + first if resume else None,
         "neighbor_builds": sim.builds if decomposed else int(sim.nbrs.n_builds),
+        "peak_memory_mib": peak_memory_mib(),
     }
