@@ -12,6 +12,14 @@ the best of ``--repeats`` further chunks. Also reports the NVE energy drift over
 
 Run (about 1-2 minutes on 2 CPU cores):
     .venv/bin/python experiments/bench_md.py [--cells 20] [--chunk 20] [--repeats 3]
+
+``--engines single,pmap:1,pmap:2,shard_map:1,shard_map:2,pmap:8,shard_map:8`` adds the
+spatially decomposed engines (``simpar.parallel.domain``) on meshes of 1, 2 and 8 devices
+(8 virtual CPU devices share the cores: that measures the decomposition's overhead), with
+ratios to ``single`` from the same run, and the time split of one ``single`` step into
+neighbour build, forces, integration and (for the 1x1x1 decomposition) the ghost exchange.
+``--comm`` reports the collectives in the compiled ``sharded`` LJ chunk (HLO) and the bytes
+they move per step, beside the bytes of the ghost exchange of the decomposition.
 """
 
 from __future__ import annotations
@@ -24,10 +32,27 @@ import time
 import jax
 
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_num_cpu_devices", 8)
+
+import re  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
-from simpar.particles import lattice, md, potentials, space  # noqa: E402
+from simpar.parallel import domain  # noqa: E402
+from simpar.parallel.particles import shard_particles  # noqa: E402
+from simpar.particles import integrate, lattice, md, neighbors, potentials, space  # noqa: E402
+
+
+def best_chunk(sim, chunk: int, repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` chunks of ``chunk`` steps."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sim.advance(chunk)
+        jax.block_until_ready(sim.state)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def bench(dtype, cells: int, chunk: int, repeats: int, skin: float) -> dict:
@@ -56,12 +81,7 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float) -> dict:
     first100 = time.perf_counter() - t0
     th100 = sim.thermo()
     builds = int(sim.nbrs.n_builds) - builds0
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        sim.advance(chunk)
-        jax.block_until_ready(sim.state)
-        best = min(best, time.perf_counter() - t0)
+    best = best_chunk(sim, chunk, repeats)
     return {
         "n_atoms": n,
         "steps_per_chunk": chunk,
@@ -82,6 +102,128 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float) -> dict:
     }
 
 
+def _system(dtype, cells):
+    r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, dtype)
+    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(87287), r.shape[0], 1.44, dtype=dtype)
+    return r, v, space.periodic(box, dtype), potentials.lennard_jones(cutoff=2.5, dtype=dtype)
+
+
+def _best(fn, *args, repeats=5):
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_engine(engine: str, mesh, dtype, cells: int, chunk: int, repeats: int) -> dict:
+    """Atom-steps/s of one engine (best chunk after a compiling warm-up chunk)."""
+    r, v, spc, pot = _system(dtype, cells)
+    n = r.shape[0]
+    if engine == "single":
+        sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3)
+    else:
+        sim = domain.make_domain_simulation(engine, mesh, spc, pot, r, v, dt=0.005, skin=0.3)
+    sim.advance(chunk)  # compiles
+    best = best_chunk(sim, chunk, repeats)
+    return {"atom_steps_per_s": n * chunk / best, "regrows": sim.regrows}
+
+
+def time_split(dtype, cells: int) -> dict:
+    """Seconds per call of the parts of one single-engine step (32,000 atoms).
+
+    ``neighbor_build`` is paid at rebuilds only (about every 10 steps in in.lj);
+    ``ghost_exchange`` is the per-step forward communication of a 1x1x1 decomposition
+    (local copies of the ghost positions), ``ghost_borders`` its per-rebuild selection.
+    """
+    r, v, spc, pot = _system(dtype, cells)
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3)
+    s, nb, spec = sim.state, sim.nbrs, sim.spec
+    build = jax.jit(neighbors.build, static_argnums=0)
+    forces = jax.jit(lambda r, idx: md.pair_forces(pot, spc, r, idx, energy=False))
+    shift = lambda x: space.wrap(spc, x)  # noqa: E731
+
+    @jax.jit
+    def integ(r, v, f):
+        r, v = integrate.verlet_drift(r, v, f, s.mass, sim.params.dt, shift)
+        return r, integrate.kick(v, f, s.mass, sim.params.dt)
+
+    out = {
+        "neighbor_build": _best(build, spec, spc, s.position, s.valid),
+        "forces": _best(forces, s.position, nb.idx),
+        "integration": _best(integ, s.position, s.velocity, s.force),
+    }
+    dom = domain.make_domain_simulation("local", (1,), spc, pot, r, v, dt=0.005, skin=0.3)
+    comm, dspec = dom.mapper.comm, dom.spec
+    st = jax.tree.map(lambda x: x[0], dom.state)
+    ls = jax.tree.map(lambda x: x[0], dom.lists)
+    fwd = jax.jit(lambda p, sends: domain._forward(comm, sends, p))
+    box = spc.box.astype(dtype)
+    bord = jax.jit(lambda p, ids: domain._borders(dspec, comm, box, p, ids)[4])
+    out["ghost_exchange"] = _best(fwd, st.position, ls.sends)
+    out["ghost_borders"] = _best(bord, st.ref_position, st.ids)
+    out["ghosts_per_atom"] = float(np.sum(np.asarray(ls.ghost_ids) >= 0)) / r.shape[0]
+    return out
+
+
+_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "pred": 1}
+
+
+def _shape_bytes(text: str) -> int:
+    total = 0
+    for dt, dims in re.findall(r"(f64|f32|s32|u32|s64|u64|pred)\[([\d,]*)\]", text):
+        total += _BYTES[dt] * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+    return total
+
+
+def collectives(cells: int = 10, n_dev: int = 8, mesh=(2, 2, 2)) -> dict:
+    """Collectives of the compiled ``sharded`` LJ chunk and the ghost-exchange volume.
+
+    The sharded chunk is ``md.run_chunk`` on particle arrays split over a 1-D ``Auto`` mesh;
+    its compiled HLO is read per computation (the time step is the while loop's body, the
+    neighbour rebuild a conditional inside it). Bytes are the result sizes of each
+    collective (per device). The decomposition's forward exchange sends, per step and
+    device, the positions of the ghosts it feeds its neighbours (``sum(send)`` slots).
+    """
+    dtype = jnp.float64
+    r, v, spc, pot = _system(dtype, cells)
+    n = r.shape[0]
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3,
+                             placement=lambda t: shard_particles(t, n_dev, n))  # fmt: skip
+    lowered = md.run_chunk.lower("nve", sim.spec, sim.space, sim.pot, sim.params, sim.state,
+                                 sim.nbrs, jnp.int32(10))  # fmt: skip
+    txt = lowered.compile().as_text()
+    comp, found = None, []
+    for line in txt.splitlines():
+        if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+            comp = "ENTRY" if line.startswith("ENTRY") else line.split(" ")[0].lstrip("%")
+        for op in ("all-gather", "all-reduce", "collective-permute", "all-to-all"):
+            if f" {op}(" in line or f" {op}-start(" in line:
+                lhs = line.split("=", 1)[1].split(op)[0]
+                found.append({"computation": comp, "op": op, "result": lhs.strip(),
+                              "bytes": _shape_bytes(lhs)})  # fmt: skip
+    # the time step: the while body with the most collectives that is not the rebuild
+    per_comp: dict = {}
+    for f in found:
+        per_comp.setdefault(f["computation"], []).append(f)
+    dom = domain.make_domain_simulation("shard_map", mesh, spc, pot, r, v, dt=0.005, skin=0.3)
+    ghosts = np.asarray(dom.mapper.get(dom.lists.ghost_ids)) >= 0
+    itemsize = np.dtype(dtype).itemsize
+    return {
+        "n_atoms": n,
+        "sharded_devices": n_dev,
+        "sharded_collectives_by_computation": per_comp,
+        "domain_mesh": list(mesh),
+        "domain_ghost_slots_per_device": int(dom.spec.n_ghosts),
+        "domain_ghosts_per_device_mean": float(ghosts.sum(1).mean()),
+        "domain_bytes_sent_per_step_per_device_capacity": int(dom.spec.n_ghosts) * 3 * itemsize,
+        "domain_bytes_sent_per_step_per_device_used": float(ghosts.sum(1).mean()) * 3 * itemsize,
+        "domain_collective_permutes_per_step": 2 * sum(m > 1 for m in mesh),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=20)
@@ -89,6 +231,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skin", type=float, default=0.3)
     ap.add_argument("--dtypes", default="float32,float64")
+    ap.add_argument(
+        "--engines",
+        default="",
+        help="e.g. single,pmap:1,pmap:2,shard_map:1,shard_map:2,pmap:8,shard_map:8",
+    )
+    ap.add_argument("--split", action="store_true", help="time split of a single step")
+    ap.add_argument("--comm", action="store_true", help="sharded HLO collectives vs ghosts")
     args = ap.parse_args()
     out = {
         "benchmark": "LAMMPS in.lj, single engine",
@@ -98,8 +247,27 @@ def main() -> None:
         "host": platform.node(),
         "skin": args.skin,
     }
+    if args.comm:
+        out["communication"] = collectives()
+        print(json.dumps(out, indent=1))
+        return
     for name in args.dtypes.split(","):
-        out[name] = bench(jnp.dtype(name), args.cells, args.chunk, args.repeats, args.skin)
+        dtype = jnp.dtype(name)
+        if not args.engines:
+            out[name] = bench(dtype, args.cells, args.chunk, args.repeats, args.skin)
+            continue
+        res = {}
+        for eng in args.engines.split(","):
+            engine, _, m = eng.partition(":")
+            mesh = (int(m),) if m else None
+            res[eng] = bench_engine(engine, mesh, dtype, args.cells, args.chunk, args.repeats)
+            print(name, eng, res[eng], flush=True)
+        if "single" in res:
+            for r in res.values():
+                r["ratio_to_single"] = r["atom_steps_per_s"] / res["single"]["atom_steps_per_s"]
+        if args.split:
+            res["single_time_split_s"] = time_split(dtype, args.cells)
+        out[name] = res
     print(json.dumps(out, indent=1))
 
 

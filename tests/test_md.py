@@ -267,7 +267,7 @@ def test_free_space_cluster_conserves_energy_and_momentum():
 @pytest.mark.parametrize(
     ("key", "value", "match"),
     [
-        ("parallel.engine", "pmap", "supported: single, sharded"),
+        ("parallel.engine", "gpu", "supported: single, pmap, shard_map, sharded"),
         ("potential.kind", "coulomb", "choose one of"),
         ("system.cells", [1, 1, 1], "minimum image"),
         ("potential.typo", 1.0, "unknown key"),

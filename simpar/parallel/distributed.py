@@ -13,7 +13,8 @@ where to meet (``jax.distributed``)::
 
 ``--devices`` is then the number of CPU devices *per process*; a mesh spans every process's
 devices (``jax.devices()`` lists them by process). Grid models run this way on ``pmap``,
-``shard_map`` and ``sharded``, Lennard-Jones MD on ``sharded``; N-body runs in one process.
+``shard_map`` and ``sharded``, Lennard-Jones MD on ``pmap``, ``shard_map`` and ``sharded``;
+N-body runs in one process.
 Every process builds the initial state on the host, places only its own blocks, runs the same
 compiled chunks and takes part in the collectives; process 0 alone writes the output file, the checkpoints and the progress. For a
 frame the state is gathered to every host (``multihost_utils.process_allgather``), so the

@@ -27,6 +27,9 @@ module decides what goes into them. A checkpoint is a flat ``dict`` of NumPy arr
 Resuming on the same engine and mesh therefore continues *bit for bit*; on another
 engine/mesh to round-off (different summation order, as between engines).
 
+Spatial domain decomposition (``pmap`` / ``shard_map``) writes the engine-independent part
+only (``domain_state_to_checkpoint``) and resumes through ``lj_global_arrays``.
+
 Hook for other particle layouts (e.g. spatial domain decomposition with per-device
 buffers holding global ids): write the engine-independent arrays in global id order
 (scatter by id) plus any ``layout_*`` arrays of your own with a distinct ``layout``
@@ -230,3 +233,65 @@ def nbody_state_from_checkpoint(ck: dict):
 
     _require(ck, ("pos", "vel", "acc", "mass"), "N-body")
     return NBodyState(ck["pos"], ck["vel"], ck["acc"], ck["mass"]), int(ck["step"])
+
+
+def lj_global_arrays(ck: dict) -> dict:
+    """The engine-independent LJ arrays of a checkpoint, named as
+    ``simpar.parallel.domain.DomainSimulation.global_state`` returns them."""
+    _require(ck, ("position", "nbr_ref_position"), "Lennard-Jones")
+    return {
+        "position": np.asarray(ck["position"]),
+        "velocity": np.asarray(ck["velocity"]),
+        "force": np.asarray(ck["force"]),
+        "ref_position": np.asarray(ck["nbr_ref_position"]),
+        "mass": np.asarray(ck["mass"]),
+        "key": np.asarray(ck["key"], np.uint32),
+        "step": int(ck["step"]),
+        "e_pair": np.asarray(ck["e_pair"]),
+        "virial": np.asarray(ck["virial"]),
+    }
+
+
+def domain_state_to_checkpoint(sim, g: dict, layout: bytes, start_step: int) -> dict:
+    """A checkpoint dict of a spatially decomposed run (``simpar.parallel.domain``).
+
+    Args:
+      sim: the ``DomainSimulation``; g: its ``global_state()`` (atom-id order).
+      layout, start_step: as in ``lj_state_to_checkpoint``.
+
+    The ``spec_*`` arrays describe a one-device periodic cell list with the run's
+    neighbour capacities, so ``single`` / ``sharded`` can resume from it (any mesh of the
+    decomposition resumes from the global arrays alone). No ``layout_*`` arrays: the
+    ghosts and the list are rebuilt from ``nbr_ref_position`` (the same list).
+    """
+    from simpar.parallel import domain as dom
+
+    n = g["position"].shape[0]
+    nspec = sim.spec.nbr
+    cells, reach, origin, width = neighbors._layout(
+        sim.space, g["ref_position"], np.ones(n, bool), nspec.radius, False
+    )
+    spec = NeighborSpec(
+        n, min(nspec.max_neighbors, n), nspec.radius, nspec.skin, True, cells, reach,
+        nspec.column_capacity, origin, width, nspec.block,
+    )  # fmt: skip
+    needed = np.asarray(sim._first(sim.lists.needed))
+    out = {
+        "position": g["position"],
+        "velocity": g["velocity"],
+        "force": g["force"],
+        "mass": g["mass"],
+        "valid": np.ones(n, bool),
+        "key": np.asarray(g["key"], np.uint32),
+        "step": np.int64(g["step"]),
+        "e_pair": np.asarray(g["e_pair"]),
+        "virial": np.asarray(g["virial"]),
+        "nbr_ref_position": g["ref_position"],
+        "nbr_needed": needed[[dom.NEED_NBR, dom.NEED_COL]].astype(np.int32),
+        "nbr_n_builds": np.int32(sim.builds),
+        "regrows": np.int64(sim.regrows),
+        "start_step": np.int64(start_step),
+        "layout": np.bytes_(layout),
+    }
+    out.update(_spec_arrays(spec))
+    return out

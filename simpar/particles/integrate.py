@@ -25,6 +25,40 @@ def _inv_mass(mass, velocity):
     return (1.0 / m)[..., None] if m.ndim else 1.0 / m
 
 
+def kick(velocity, force, mass, dt):
+    """Half kick ``v + (dt / 2) f / m`` (the last stage of both integrators)."""
+    return velocity + (0.5 * dt) * force * _inv_mass(mass, velocity)
+
+
+def verlet_drift(position, velocity, force, mass, dt, shift_fn):
+    """The velocity-Verlet stages before the force evaluation: half kick, then drift.
+
+    Returns:
+      (position, velocity) at the drifted positions, velocity after the first half kick.
+    """
+    velocity = kick(velocity, force, mass, dt)
+    position = shift_fn(position + dt * velocity)
+    return position, velocity
+
+
+def baoab_drift(position, velocity, force, mass, dt, gamma, kt, noise, shift_fn):
+    """The BAOAB stages before the force evaluation (B, A, O, A).
+
+    Args:
+      noise: float[N, 3] standard normal numbers (one per velocity component).
+
+    Returns:
+      (position, velocity) before the force evaluation at ``position``.
+    """
+    inv_m = _inv_mass(mass, velocity)
+    velocity = velocity + (0.5 * dt) * force * inv_m
+    position = position + (0.5 * dt) * velocity
+    c = jnp.exp(-gamma * dt)
+    velocity = c * velocity + jnp.sqrt((1.0 - c * c) * kt * inv_m) * noise
+    position = shift_fn(position + (0.5 * dt) * velocity)
+    return position, velocity
+
+
 def velocity_verlet(position, velocity, force, mass, dt, force_fn: Callable, shift_fn):
     """One velocity-Verlet step.
 
@@ -38,12 +72,9 @@ def velocity_verlet(position, velocity, force, mass, dt, force_fn: Callable, shi
     Returns:
       (position, velocity, force, aux) at t + dt.
     """
-    inv_m = _inv_mass(mass, velocity)
-    velocity = velocity + (0.5 * dt) * force * inv_m
-    position = shift_fn(position + dt * velocity)
+    position, velocity = verlet_drift(position, velocity, force, mass, dt, shift_fn)
     force, aux = force_fn(position)
-    velocity = velocity + (0.5 * dt) * force * inv_m
-    return position, velocity, force, aux
+    return position, kick(velocity, force, mass, dt), force, aux
 
 
 def langevin_baoab(
@@ -61,14 +92,10 @@ def langevin_baoab(
     Returns:
       (position, velocity, force, aux, key) at t + dt.
     """
-    inv_m = _inv_mass(mass, velocity)
     key, sub = jax.random.split(key)
-    velocity = velocity + (0.5 * dt) * force * inv_m
-    position = position + (0.5 * dt) * velocity
-    c = jnp.exp(-gamma * dt)
     noise = jax.random.normal(sub, velocity.shape, velocity.dtype)
-    velocity = c * velocity + jnp.sqrt((1.0 - c * c) * kt * inv_m) * noise
-    position = shift_fn(position + (0.5 * dt) * velocity)
+    position, velocity = baoab_drift(
+        position, velocity, force, mass, dt, gamma, kt, noise, shift_fn
+    )
     force, aux = force_fn(position)
-    velocity = velocity + (0.5 * dt) * force * inv_m
-    return position, velocity, force, aux, key
+    return position, kick(velocity, force, mass, dt), force, aux, key

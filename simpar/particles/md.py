@@ -95,28 +95,32 @@ def make_params(dt: float, kt: float = 0.0, gamma: float = 0.0, dtype=None) -> M
     return MDParams(a(dt), a(kt), a(gamma))
 
 
-def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True):
+def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, others=None):
     """Forces, pair energy and virial from a full neighbour list.
 
     Args:
       pot: pair potential.
       space: the space.
-      r: float[N, 3] positions (sigma).
-      idx: int32[N, M] neighbour indices padded with N.
+      r: float[N, 3] positions (sigma) of the particles whose forces are wanted.
+      idx: int32[N, M] neighbour indices into ``others``, padded with ``len(others)``.
       energy: static; False returns the force alone (the time steps need nothing else,
         and the two extra reductions cost ~40% of the kernel on CPU).
+      others: float[K, 3] positions of the neighbours (default ``r``); a domain block
+        passes its owned atoms followed by its ghosts.
 
     Returns:
       (force float[N, 3], e_pair scalar, virial scalar); each pair is seen twice in a
-      full list, hence the factors 1/2. Only the force when ``energy`` is False.
+      full list, hence the factors 1/2 (in a domain block: the block's share). Only the
+      force when ``energy`` is False.
     """
-    n = r.shape[0]
+    src = r if others is None else others
+    n = src.shape[0]
     mask = idx < n
     # Structure-of-arrays gathers (one coordinate at a time) vectorise better on CPU
     # than gathering (N, M, 3) rows.
     comps, r2 = [], jnp.zeros(idx.shape, r.dtype)
     for d in range(3):
-        x = jnp.concatenate([r[:, d], jnp.zeros(1, r.dtype)])
+        x = jnp.concatenate([src[:, d], jnp.zeros(1, r.dtype)])
         dx = r[:, d, None] - x[idx]
         if space.periodic:
             box = space.box[d].astype(r.dtype)

@@ -8,8 +8,11 @@ changing it recompiles) with some head-room, plus a built ``NeighborList``. ``bu
 then missing, so the caller must regrow (``regrow``) and redo the work. Nothing is dropped
 silently.
 
-The list is a *full* list: row i holds every j != i with ``|r_i - r_j| < cutoff + skin``
-(in any order, padded with the sentinel ``capacity``). Forces are gathered per row, so no
+The list is a *full* list: row i holds every j != i with ``|r_i - r_j| < cutoff + skin``,
+sorted by the particles' global ids (by index when no ids are given) and padded with the
+sentinel ``capacity``. The fixed order makes the per-row force sums independent of how the
+particles are laid out in memory, so a domain-decomposed run (``simpar.parallel.domain``)
+sums every atom's force in the same order as a single-device run and follows it bitwise. Forces are gathered per row, so no
 scatter is needed. ``needs_rebuild`` implements the exact policy: rebuild as soon as any
 particle moved more than ``skin / 2`` since the last build, which guarantees that no pair
 within the cutoff is missing.
@@ -33,6 +36,8 @@ import numpy as np
 
 from simpar.particles.space import Space, displacement
 
+_BIG = np.iinfo(np.int32).max  # sort key of the sentinel entries
+
 
 @dataclasses.dataclass(frozen=True)
 class NeighborSpec:
@@ -50,6 +55,8 @@ class NeighborSpec:
       origin: free space only, lower corner of the cell grid (sigma).
       width: free space only, cell widths (sigma).
       block: particles processed at once while building (memory bound).
+      rows: build rows only for the first ``rows`` particles (the owned atoms of a
+        domain block; the others are candidates only); None: every particle.
     """
 
     capacity: int
@@ -63,14 +70,15 @@ class NeighborSpec:
     origin: tuple[float, float, float] | None = None
     width: tuple[float, float, float] | None = None
     block: int = 4096
+    rows: int | None = None
 
 
 class NeighborList(NamedTuple):
     """A Verlet list (a pytree).
 
     Attributes:
-      idx: int32[N, M], neighbour indices, padded with N.
-      ref_position: float[N, 3], positions at the last build (sigma).
+      idx: int32[R, M], neighbour indices, padded with N (R = ``spec.rows`` or N).
+      ref_position: float[R, 3], positions of the rows at the last build (sigma).
       did_overflow: bool[], a capacity was too small at some build (sticky).
       needed: int32[2], largest (neighbours per row, column entries) seen at any build.
       n_builds: int32[], number of builds since allocation.
@@ -173,26 +181,41 @@ def _split(n: int) -> tuple[int, int]:
     return w, max(-(-n // w), 1)
 
 
-def build(spec: NeighborSpec, space: Space, r: jax.Array, valid: jax.Array) -> NeighborList:
+def build(
+    spec: NeighborSpec,
+    space: Space,
+    r: jax.Array,
+    valid: jax.Array,
+    *,
+    cell_r: jax.Array | None = None,
+    ids: jax.Array | None = None,
+) -> NeighborList:
     """Build a neighbour list from scratch (jittable, ``spec`` static).
 
     Args:
       spec: static layout from ``allocate``.
-      space: the space.
+      space: the space; distances use its minimum image when it is periodic.
       r: float[N, 3], positions (sigma).
       valid: bool[N], occupied slots.
+      cell_r: float[N, 3], positions used to bin particles into cells (default ``r``);
+        a domain block passes periodic images here (unwrapped across the box edge, in a
+        free-space cell grid, ``spec.periodic`` False) while ``r`` keeps the wrapped
+        positions, so the distances are computed exactly as on one device.
+      ids: int32[N] global ids (rows are sorted by them); default the slot index.
 
     Returns:
       A fresh ``NeighborList`` (``n_builds`` = 1, overflow flags of this build only).
     """
     n, m = spec.capacity, spec.max_neighbors
+    nrow = spec.rows or n
     rad2 = jnp.asarray(spec.radius**2, r.dtype)
-    blk = min(spec.block, n)
-    nblk = -(-n // blk)
+    blk = min(spec.block, nrow)
+    nblk = -(-nrow // blk)
     npad = nblk * blk
 
     def pad(x):
-        return jnp.concatenate([x, jnp.zeros((npad - n,) + x.shape[1:], x.dtype)])
+        x = x[:nrow]
+        return jnp.concatenate([x, jnp.zeros((npad - nrow,) + x.shape[1:], x.dtype)])
 
     if spec.cells is None:
         order = jnp.arange(n, dtype=jnp.int32)
@@ -207,7 +230,9 @@ def build(spec: NeighborSpec, space: Space, r: jax.Array, valid: jax.Array) -> N
             return jnp.broadcast_to(jnp.minimum(cand, n - 1), (blk, nw, ns)), ok, i
 
     else:
-        order, s_a, len_a, s_b, len_b = _column_ranges(spec, space, r, valid)
+        order, s_a, len_a, s_b, len_b = _column_ranges(
+            spec, space, r if cell_r is None else cell_r, valid
+        )
         rs, vs = r[order], None  # invalid slots sit in a sentinel cell: never candidates
         nw, ns = _split(spec.column_capacity)
         slot = jnp.arange(nw * ns, dtype=jnp.int32)
@@ -225,11 +250,17 @@ def build(spec: NeighborSpec, space: Space, r: jax.Array, valid: jax.Array) -> N
 
     rpad, vpad = pad(r), pad(valid)
     rs_soa = [rs[:, d] for d in range(3)]
+    images = cell_r is not None and space.periodic
+    if images:  # periodic images: keep the image a candidate stands for, not its copies
+        cpad = pad(cell_r)
+        cs_soa = [(cell_r if spec.cells is None else cell_r[order])[:, d] for d in range(3)]
 
     def one_block(b):
         sl = lambda x: jax.lax.dynamic_slice_in_dim(x, b * blk, blk)  # noqa: E731
         blocked = tuple(map(sl, per_particle))
         ri, vi = sl(rpad), sl(vpad)
+        same = True
+        ci = sl(cpad) if images else None
         sidx, ok, i_sorted = candidates(blocked)
         r2 = jnp.zeros(sidx.shape, r.dtype)
         for d in range(3):  # one coordinate at a time: vectorises better on CPU
@@ -238,7 +269,10 @@ def build(spec: NeighborSpec, space: Space, r: jax.Array, valid: jax.Array) -> N
                 box = space.box[d].astype(r.dtype)
                 dx = dx - box * jnp.round(dx * (1.0 / box))  # one division, not one per pair
             r2 = r2 + dx * dx
-        mask = ok & (r2 < rad2) & (sidx != i_sorted[:, None, None])
+            if images:  # image and minimum-image displacements differ by 0 or a box length
+                dxi = ci[:, d, None, None] - cs_soa[d][sidx]
+                same = same & (jnp.abs(dxi - dx) < 0.5 * space.box[d].astype(r.dtype))
+        mask = ok & (r2 < rad2) & (sidx != i_sorted[:, None, None]) & same
         if vs is not None:
             mask = mask & vs[sidx]
         mask = mask & vi[:, None, None]
@@ -253,12 +287,17 @@ def build(spec: NeighborSpec, space: Space, r: jax.Array, valid: jax.Array) -> N
         return idx, jnp.max(cnt), col
 
     idx, cnt, col = jax.lax.map(one_block, jnp.arange(nblk))
-    idx = idx.reshape(npad, m)[:n]
+    idx = idx.reshape(npad, m)[:nrow]
+    if ids is None:
+        idx = jnp.sort(idx, axis=1)  # the sentinel n sorts last
+    else:
+        key = jnp.concatenate([ids.astype(jnp.int32), jnp.full(1, _BIG, jnp.int32)])[idx]
+        idx = jax.lax.sort((key, idx), dimension=1, num_keys=1)[1]
     needed = jnp.stack([jnp.max(cnt), jnp.max(col)]).astype(jnp.int32)
     overflow = needed[0] > m
     if spec.cells is not None:
         overflow = overflow | (needed[1] > spec.column_capacity)
-    return NeighborList(idx, r, overflow, needed, jnp.int32(1))
+    return NeighborList(idx, r[:nrow], overflow, needed, jnp.int32(1))
 
 
 def needs_rebuild(spec: NeighborSpec, space: Space, nbrs: NeighborList, r, valid):

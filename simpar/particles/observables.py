@@ -46,15 +46,26 @@ def thermo(velocity, mass, valid, e_pair, virial, volume) -> dict[str, jax.Array
       dict with scalar ``temperature``, ``potential_energy``, ``kinetic_energy`` and
       ``total_energy`` (per atom, epsilon) and ``pressure`` (epsilon / sigma^3).
     """
-    n = jnp.sum(valid).astype(velocity.dtype)
-    ke = kinetic_energy(velocity, mass, valid)
-    temp = 2.0 * ke / degrees_of_freedom(valid).astype(velocity.dtype)
+    n = jnp.sum(valid, dtype=jnp.int32)
+    return thermo_from_sums(kinetic_energy(velocity, mass, valid), n, e_pair, virial, volume)
+
+
+def thermo_from_sums(ke, n, e_pair, virial, volume) -> dict[str, jax.Array]:
+    """``thermo`` from totals (a domain-decomposed run sums them over its devices).
+
+    Args:
+      ke: total kinetic energy (epsilon); n: int32 number of particles.
+      e_pair, virial, volume: as in ``thermo``.
+    """
+    dof = (3 * n - 3).astype(ke.dtype)
+    temp = 2.0 * ke / dof
+    n = n.astype(ke.dtype)
     return {
         "temperature": temp,
         "potential_energy": e_pair / n,
         "kinetic_energy": ke / n,
         "total_energy": (e_pair + ke) / n,
-        "pressure": (2.0 * ke + virial) / (3.0 * volume.astype(velocity.dtype)),
+        "pressure": (2.0 * ke + virial) / (3.0 * volume.astype(ke.dtype)),
     }
 
 

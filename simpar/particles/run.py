@@ -43,8 +43,10 @@ Config layout (every key optional unless marked; defaults in brackets)::
     force = false
     checkpoint = true            # write <path>.ckpt with each frame (for --resume)
     [parallel]
-    engine = "single"            # "single" | "sharded"
-    mesh = [8]                   # sharded: devices on the 1-D particle mesh [all]
+    engine = "single"            # "single" | "pmap" | "shard_map" | "sharded"
+    mesh = [8]                   # sharded: devices on the 1-D particle mesh [all];
+                                 # pmap / shard_map: the device grid cutting the box
+                                 # into sub-boxes, e.g. [2, 4] or [2, 2, 2] [all along x]
 
 Everything is validated before the output file is created.
 
@@ -79,13 +81,14 @@ from simpar.io.files import (
 )
 from simpar.io.meta import run_metadata, run_summary
 from simpar.memory import check_fits
-from simpar.parallel import distributed
+from simpar.parallel import distributed, domain
 from simpar.parallel.particles import shard_particles
 from simpar.particles import checkpoint as particle_checkpoint
 from simpar.particles import lattice, md, observables, potentials, space
 from simpar.progress import Progress
 
-ENGINES = ("single", "sharded")
+ENGINES = ("single", "pmap", "shard_map", "sharded")
+DOMAIN_ENGINES = ("pmap", "shard_map")  # spatial decomposition (simpar.parallel.domain)
 
 
 def _read(data: dict, engine, mesh, steps, out):
@@ -181,13 +184,21 @@ def _read(data: dict, engine, mesh, steps, out):
         )
     cfg["engine"] = eng
     ndev = len(jax.devices())
-    mesh_cfg = par.get("mesh", None, kind=int, length=(1,), min=1)
+    mesh_cfg = par.get("mesh", None, kind=int, length=(1, 2, 3), min=1)
+    mesh = tuple(mesh) if mesh is not None else (tuple(mesh_cfg) if mesh_cfg else None)
     if eng == "single":
         # as for grid models: `single` runs on one device whatever the mesh (the mesh says
         # how the other engines split the work, so one command line serves every engine)
         mesh = (1,)
+    elif eng in DOMAIN_ENGINES:
+        mesh = mesh or (ndev,)
+        if math.prod(mesh) > ndev:
+            raise ConfigError(
+                "--mesh",
+                f"mesh {'x'.join(map(str, mesh))} needs {math.prod(mesh)} devices but only "
+                f"{ndev} are available (on CPU, pass --devices {math.prod(mesh)})",
+            )
     else:
-        mesh = tuple(mesh) if mesh is not None else (tuple(mesh_cfg) if mesh_cfg else None)
         mesh = mesh or (ndev,)
         if len(mesh) != 1:
             raise ConfigError("parallel.mesh", f"LJ uses a 1-D particle mesh, got {mesh}")
@@ -312,14 +323,15 @@ def _check_geometry(cfg, box):
             )
 
 
-def _blown_up(sim: md.Simulation, th: dict, dt: float) -> str | None:
-    """Why the run cannot go on (non-finite values, atoms jumping > 0.5 sigma per step)."""
+def _blown_up(g: dict, th: dict, dt: float) -> str | None:
+    """Why the run cannot go on (non-finite values, atoms jumping > 0.5 sigma per step).
+
+    ``g``: global host arrays ``position`` and ``velocity`` of the atoms."""
     if not all(math.isfinite(x) for x in th.values()):
         return "non-finite energy or pressure (the run blew up)"
-    s = sim.state
-    if not bool(jnp.all(jnp.isfinite(s.position))):
+    if not np.all(np.isfinite(g["position"])):
         return "non-finite positions (the run blew up)"
-    vmax = float(jnp.sqrt(jnp.max(jnp.sum(s.velocity * s.velocity, axis=-1))))
+    vmax = float(np.sqrt(np.max(np.sum(g["velocity"] ** 2, axis=-1))))
     if vmax * dt > 0.5:
         return (
             f"unstable integration: the fastest atom moves {vmax * dt:.3g} sigma per "
@@ -366,10 +378,11 @@ def run_config(
       SimulationError: NaN / unrepairable overflow, naming the step and what to change.
     """
     cfg = _read(data, engine, mesh, steps, out)
-    if distributed.process_count() > 1 and cfg["engine"] != "sharded":
+    if distributed.process_count() > 1 and cfg["engine"] == "single":
         raise ConfigError(
             "--engine",
-            f"engine {cfg['engine']!r} runs in one process; across processes MD runs on 'sharded'",
+            "engine 'single' runs in one process; across processes MD runs on 'pmap', "
+            "'shard_map' or 'sharded'",
         )
     main = distributed.is_main()
     progress = progress and main
@@ -385,6 +398,15 @@ def run_config(
     _check_memory(cfg)
     r, v, box, step0, key = _initial(cfg)
     _check_geometry(cfg, box)
+    decomposed = cfg["engine"] in DOMAIN_ENGINES
+    if decomposed:
+        if cfg["boundary"] != "periodic":
+            raise ConfigError(
+                "system.boundary",
+                f"engine {cfg['engine']!r} cuts a periodic box into sub-boxes; free space "
+                "runs on 'single' or 'sharded'",
+            )
+        domain.check_mesh(cfg["mesh"], box, cfg["cutoff"] + cfg["skin"])
     if ck is not None:
         step0 = int(ck.get("start_step", step0))
         if ck_step >= step0 + cfg["steps"]:
@@ -395,7 +417,7 @@ def run_config(
             raise ConfigError("--resume", "the checkpoint holds another number of atoms")
     dtype = jnp.dtype(cfg["dtype"])
     n = r.shape[0]
-    ndev = cfg["mesh"][0]
+    ndev = 1 if decomposed else cfg["mesh"][0]
     cap = -(-n // ndev) * ndev
     valid = np.arange(cap) < n
     pad = lambda x: np.concatenate([x, np.zeros((cap - n,) + x.shape[1:], x.dtype)])  # noqa: E731
@@ -415,7 +437,15 @@ def run_config(
     if cfg["engine"] == "sharded":
         placement = lambda tree: shard_particles(tree, ndev, cap)  # noqa: E731
     layout = particle_checkpoint.layout_name(cfg["engine"], cfg["mesh"], cap)
-    if ck is not None:
+    if decomposed:
+        sim = domain.make_domain_simulation(
+            cfg["engine"], cfg["mesh"], spc, pot, r, v, mass=cfg["mass"], key=key,
+            dt=cfg["dt"], ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"],
+            skin=cfg["skin"], step=step0, max_neighbors=cfg["max_neighbors"],
+            capacity_factor=cfg["capacity_factor"],
+            restore=None if ck is None else particle_checkpoint.lj_global_arrays(ck),
+        )  # fmt: skip
+    elif ck is not None:
         sim = particle_checkpoint.lj_sim_from_checkpoint(
             ck, spc, pot, ensemble=cfg["ensemble"], dt=cfg["dt"], kt=cfg["kt"],
             gamma=cfg["gamma"], capacity=cap, layout=layout,
@@ -449,32 +479,41 @@ def run_config(
 
     last_good = [f"{path} (no frame written)"]
 
-    def frame(writer, th, bar):
+    def snapshot():
+        """Global host arrays in atom-id order (a collective across processes)."""
+        if decomposed:
+            return sim.global_state()  # checks the count and ids: "lost atoms" otherwise
+        s = sim.state
+        return {"position": host(s.position)[:n], "velocity": host(s.velocity)[:n],
+                "force": host(s.force)[:n], "key": host(s.key), "step": int(s.step)}  # fmt: skip
+
+    def frame(writer, th, g, bar):
         """Append a frame and print its thermo row (stderr, LAMMPS-like: one per frame)."""
         nonlocal frames
         frames += 1
-        bar.write(observables.format_thermo(int(sim.state.step), th, header=frames == 1))
-        s = sim.state
-        position = host(s.position)[:n]
-        velocity = host(s.velocity)[:n] if cfg["write_velocity"] else None
-        force = host(s.force)[:n] if cfg["write_force"] else None
+        step = int(g["step"])
+        bar.write(observables.format_thermo(step, th, header=frames == 1))
         try:
             writer.append(  # distributed.NoWriter on processes other than 0
-                int(s.step), float(s.step) * cfg["dt"], position, box=np.asarray(box),
-                velocity=velocity, force=force, observables=th, rng_key=host(s.key),
+                step, float(step) * cfg["dt"], g["position"], box=np.asarray(box),
+                velocity=g["velocity"] if cfg["write_velocity"] else None,
+                force=g["force"] if cfg["write_force"] else None, observables=th,
+                rng_key=g["key"],
             )  # fmt: skip
         except (OSError, RuntimeError) as err:  # disk full, I/O error (h5py: RuntimeError)
-            raise write_error(err, path, int(s.step), last_good[0]) from None
-        last_good[0] = f"{path} (frames up to step {int(s.step)})"
+            raise write_error(err, path, step, last_good[0]) from None
+        last_good[0] = f"{path} (frames up to step {step})"
         if cfg["checkpoint"]:  # after the frame: a kill in between drops that frame
-            state = particle_checkpoint.lj_state_to_checkpoint(sim, n, layout, step0, host)
+            if decomposed:
+                state = particle_checkpoint.domain_state_to_checkpoint(sim, g, layout, step0)
+            else:
+                state = particle_checkpoint.lj_state_to_checkpoint(sim, n, layout, step0, host)
             if main:
-                checkpoint.save(
-                    checkpoint.checkpoint_path(path), state, int(s.step), config_text, "lj"
-                )
+                checkpoint.save(checkpoint.checkpoint_path(path), state, step, config_text, "lj")
 
     t0 = time.perf_counter()
-    done = first = 0 if ck is None else int(sim.state.step) - step0
+    now = sim.current_step() if decomposed else int(sim.state.step)
+    done = first = 0 if ck is None else now - step0
     frames = 0
     th = th0
     signals.check()  # stopped during set-up or compilation: no output is created
@@ -496,7 +535,7 @@ def run_config(
         ):
             writer.set_status("running")
             if ck is None:
-                frame(writer, th0, bar)
+                frame(writer, th0, snapshot(), bar)
             bar.update(done)
             while done < cfg["steps"]:
                 stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
@@ -513,14 +552,15 @@ def run_config(
                     ) from None
                 done += k
                 th = sim.thermo()
-                problem = _blown_up(sim, th, cfg["dt"])
+                g = snapshot()
+                problem = _blown_up(g, th, cfg["dt"])
                 if problem:
                     raise SimulationError(
                         step0 + done, problem,
                         "reduce time.dt (or check the potential and initial state)",
                         last_good[0],
                     )  # fmt: skip
-                frame(writer, th, bar)
+                frame(writer, th, g, bar)
                 bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
             set_status_or_fail(writer, "complete", path, step0 + done, last_good[0])
     wall = time.perf_counter() - t0
@@ -544,6 +584,6 @@ def run_config(
             "n_atoms": n,
             "energy_drift": th["total_energy"] - th0["total_energy"],
             "regrows": sim.regrows,
-            "neighbor_builds": int(sim.nbrs.n_builds),
+            "neighbor_builds": sim.builds if decomposed else int(sim.nbrs.n_builds),
         },
     )

@@ -1,0 +1,210 @@
+"""Lennard-Jones MD decomposed in space (``simpar.parallel.domain``) on pmap and shard_map.
+
+Every decomposed run is compared with the ``single`` engine (``md.Simulation``): neighbour
+rows are summed in atom-id order on both, so with FMA off (conftest) the trajectories agree
+bitwise; the asserts use the issue's tolerances (positions 1e-9, energies and pressure
+1e-10 relative). One system serves every mesh: fcc 14x7x4 cells (1,568 atoms, box
+23.5 x 11.8 x 6.7) has sub-boxes of at least cutoff + skin = 2.8 on (8,), (2, 4), (4, 2) and
+(2, 2, 2). Compiled programs are shared between tests with the same layout.
+Budget: about 2 minutes on 2 CPU cores, mostly compilation.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import h5py
+import jax
+import numpy as np
+import pytest
+
+from simpar.config import dumps
+from simpar.errors import ConfigError
+from simpar.parallel import domain
+from simpar.particles import lattice, md, potentials, space
+from simpar.particles.run import run_config
+
+CELLS = (14, 7, 4)
+STEPS, CHUNK = 200, 100
+KEYS = ("temperature", "potential_energy", "kinetic_energy", "total_energy", "pressure")
+
+
+def lj(cells=CELLS, temperature=1.44, seed=1):
+    r, box = lattice.cubic_lattice("fcc", 0.8442, cells)
+    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(seed), r.shape[0], temperature)
+    return r, v, space.periodic(box), potentials.lennard_jones(cutoff=2.5)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The single-engine trajectory: (positions, velocities, thermo) after each chunk."""
+    r, v, spc, pot = lj()
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3)
+    frames = [(np.asarray(sim.state.position), np.asarray(sim.state.velocity), sim.thermo())]
+    for _ in range(STEPS // CHUNK):
+        sim.advance(CHUNK)
+        frames.append((np.asarray(sim.state.position), np.asarray(sim.state.velocity),
+                       sim.thermo()))  # fmt: skip
+    return frames, int(sim.nbrs.n_builds)
+
+
+def assert_same(g, th, frame):
+    pos, vel, ref_th = frame
+    np.testing.assert_allclose(g["position"], pos, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(g["velocity"], vel, rtol=0, atol=1e-9)
+    for k in KEYS:
+        assert th[k] == pytest.approx(ref_th[k], rel=1e-10, abs=1e-12), k
+
+
+@pytest.mark.parametrize(
+    ("engine", "mesh"),
+    [("pmap", (8,)), ("shard_map", (2, 4)), ("pmap", (2, 2, 2)), ("shard_map", (4, 2))],
+    ids=str,
+)
+def test_decomposed_run_equals_single(reference, engine, mesh):
+    frames, builds = reference
+    r, v, spc, pot = lj()
+    sim = domain.make_domain_simulation(engine, mesh, spc, pot, r, v, dt=0.005, skin=0.3)
+    assert sim.counts().sum() == r.shape[0] and sim.counts().min() > 0
+    assert_same(sim.global_state(), sim.thermo(), frames[0])
+    for k in range(STEPS // CHUNK):
+        sim.advance(CHUNK)
+        assert_same(sim.global_state(), sim.thermo(), frames[k + 1])
+    assert sim.builds == builds  # the same exact rebuild policy, decided over all devices
+    np.testing.assert_array_equal(
+        sim.global_state()["position"], frames[-1][0]
+    )  # bitwise here (FMA off): same pair order per row
+
+
+def test_pileup_regrows_and_never_loses_an_atom():
+    """A hot gas (density 0.2) flowing onto the middle of the first of 8 slabs: atoms cross
+    the faces many times and pile into one device; the owned and migration capacities start
+    too small and overflow again as the pile grows. Counts and ids are checked at every
+    frame (``global_state`` raises "lost atoms" on a mismatch), energy is conserved (shifted
+    LJ), and the run equals the single engine's."""
+    r, box = lattice.cubic_lattice("fcc", 0.2, (10, 4, 4))  # 640 atoms, box 27.1 x 10.9^2
+    spc, pot = space.periodic(box), potentials.lennard_jones(cutoff=2.5, shift=True)
+    v = np.array(lattice.maxwell_boltzmann(jax.random.PRNGKey(1), r.shape[0], 1.0))
+    x0 = float(box[0]) / 16  # middle of the first slab
+    v[:, 0] -= 6.0 * np.sin(2 * np.pi * (np.asarray(r)[:, 0] - x0) / float(box[0]))
+    kw = dict(dt=0.002, skin=0.3)
+    sim = domain.make_domain_simulation("shard_map", (8,), spc, pot, r, v, capacity_factor=2.0,
+                                        capacities={"capacity": 88, "migrate": 8}, **kw)  # fmt: skip
+    ref = md.make_simulation(spc, pot, r, v, **kw)
+    e0 = sim.thermo()["total_energy"]
+    assert e0 == pytest.approx(ref.thermo()["total_energy"], rel=1e-12)
+    n = r.shape[0]
+    most = []
+    for _ in range(5):
+        sim.advance(60)
+        ref.advance(60)
+        g = sim.global_state()  # raises SimulationError("lost atoms") on a count/id mismatch
+        assert g["position"].shape == (n, 3)
+        most.append(int(sim.counts().max()))
+        np.testing.assert_allclose(g["position"], np.asarray(ref.state.position), atol=1e-9)
+        assert sim.thermo()["total_energy"] == pytest.approx(e0, abs=2e-3)
+    assert max(most) > 2.0 * n / 8, most  # piled up: over twice the mean on one device
+    assert sim.regrows >= 2 and sim.spec.capacity > 2 * 88 and sim.spec.migrate > 8
+    assert sim.builds > 20  # atoms crossed the faces many times
+
+
+def test_langevin_reproducible_and_equal_to_single():
+    r, v, spc, pot = lj(temperature=0.8)
+    kw = dict(dt=0.005, skin=0.3, ensemble="langevin", kt=1.5, gamma=2.0)
+
+    def run(seed, mesh):
+        sim = domain.make_domain_simulation("pmap", mesh, spc, pot, r, v,
+                                            key=jax.random.PRNGKey(seed), **kw)  # fmt: skip
+        sim.advance(100)
+        return sim.global_state()["position"]
+
+    a, b, c = run(7, (2, 2, 2)), run(7, (2, 2, 2)), run(8, (2, 2, 2))
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a - c).max() > 1e-3
+    ref = md.make_simulation(spc, pot, r, v, key=jax.random.PRNGKey(7), **kw)
+    ref.advance(100)
+    # the noise is drawn for every atom and picked by id: the single engine's stream
+    np.testing.assert_allclose(a, np.asarray(ref.state.position), atol=1e-9)
+
+
+def test_thin_sub_box_refused():
+    r, v, spc, pot = lj(cells=(4, 4, 4))  # box 6.7: 8 slabs of 0.84 < 2.8
+    with pytest.raises(
+        ConfigError, match=r"mesh 8 cuts the box .* smallest allowed sub-box is 2\.8"
+    ):
+        domain.make_domain_simulation("pmap", (8,), spc, pot, r, v, dt=0.005)
+    # through the CLI: exit 2, the message names the mesh, no traceback, no file
+    out = "data/runs/never_written.h5md"
+    p = subprocess.run(
+        [sys.executable, "-m", "simpar", "run", "experiments/lj_melt.toml", "--engine", "pmap",
+         "--mesh", "2x8", "--devices", "16", "--out", out],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    assert "mesh 2x8" in p.stderr and "smallest allowed sub-box is 2.8" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def _layout(path):
+    out = {}
+    with h5py.File(path) as f:
+
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[name] = (obj.shape, obj.dtype.str)
+
+        f.visititems(visit)
+    return out
+
+
+def test_h5md_output_same_layout_as_single(tmp_path):
+    import MDAnalysis
+
+    cfg = {
+        "name": "t",
+        "model": {"name": "lj"},
+        "system": {"lattice": "fcc", "density": 0.8442, "cells": list(CELLS),
+                   "temperature": 1.44, "seed": 1, "dtype": "float64"},
+        "time": {"dt": 0.005, "steps": 20},
+        "output": {"every": 10, "path": str(tmp_path / "t.h5md"), "force": True},
+    }  # fmt: skip
+    res = {}
+    for engine, mesh in (("single", None), ("pmap", (2, 2, 2))):
+        res[engine] = run_config(cfg, dumps(cfg), engine=engine, mesh=mesh, steps=None,
+                                 out=str(tmp_path / f"{engine}.h5md"), progress=False)  # fmt: skip
+    a, b = res["single"]["path"], res["pmap"]["path"]
+    assert _layout(a) == _layout(b)
+    traj = "particles/trajectory/"
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        for k in ("position", "velocity", "force"):
+            np.testing.assert_allclose(fb[traj + k + "/value"][:], fa[traj + k + "/value"][:],
+                                       rtol=0, atol=1e-9)  # fmt: skip
+        assert fb["parameters"].attrs["engine"] == "pmap"
+        assert fb["parameters"].attrs["device_mesh"].tolist() == [2, 2, 2]
+    u = MDAnalysis.Universe(b)
+    assert len(u.atoms) == int(np.prod(CELLS)) * 4 and u.trajectory.n_frames == 3
+    for k in KEYS:
+        assert res["pmap"]["thermo"][k] == pytest.approx(res["single"]["thermo"][k], rel=1e-10)
+
+
+@pytest.mark.parametrize(("engine", "mesh"), [("pmap", "2x2x2")], ids=str)
+def test_two_processes_equal_one_process(tmp_path, engine, mesh):
+    """8 devices of two processes (jax.distributed, gloo) run one decomposed melt; process
+    0 writes an H5MD trajectory equal to the one-process single-engine run. (shard_map on
+    2x4 over two processes gave the same, bitwise, when run by hand; left out for time.)"""
+    from test_distributed import _one_process, _two_processes
+
+    common = ("experiments/lj_melt.toml", "--steps", "40", "--set", "output.every=20",
+              "--set", "system.cells=[6,8,6]", "--quiet")  # fmt: skip
+    out, ref = tmp_path / "two.h5md", tmp_path / "one.h5md"
+    p0, p1 = _two_processes(*common, "--engine", engine, "--mesh", mesh, "--out", str(out))
+    assert p0.returncode == 0 and p1.returncode == 0, p0.stderr[-2000:] + p1.stderr[-2000:]
+    _one_process(*common, "--engine", "single", "--out", str(ref))
+    traj = "particles/trajectory/position/value"
+    with h5py.File(out) as a, h5py.File(ref) as b:
+        assert a["parameters"].attrs["process_count"] == 2
+        np.testing.assert_allclose(a[traj][:], b[traj][:], rtol=0, atol=1e-9)
+        for k in KEYS:
+            va, vb = a["observables"][k]["value"][:], b["observables"][k]["value"][:]
+            np.testing.assert_allclose(va, vb, rtol=1e-10, err_msg=k)
