@@ -84,16 +84,19 @@ def main() -> None:
                 axis=0,
             )
             out["cases"][case] = {
-                "n_atoms": res["n_atoms"],
+                "n_atoms": res["details"]["n_atoms"],
                 "frames": int(pos.shape[0]),
                 "max_position_deviation_per_frame": dpos.tolist(),
                 "max_relative_observable_deviation_per_frame": rel.tolist(),
                 "max_position_deviation": float(dpos.max()),
                 "max_relative_observable_deviation": float(rel.max()),
                 "bitwise_positions": bool(np.array_equal(pos, pos0)),
-                "neighbor_builds": [res["neighbor_builds"], res0["neighbor_builds"]],
-                "regrows": res["regrows"],
-                "final_thermo": res["thermo"],
+                "neighbor_builds": [
+                    res["details"]["neighbor_builds"],
+                    res0["details"]["neighbor_builds"],
+                ],
+                "regrows": res["details"]["regrows"],
+                "final_thermo": res["final"],
                 "wall_s": wall,
                 "single_wall_s": wall0,
             }

@@ -185,7 +185,7 @@ def test_h5md_output_same_layout_as_single(tmp_path):
     u = MDAnalysis.Universe(b)
     assert len(u.atoms) == int(np.prod(CELLS)) * 4 and u.trajectory.n_frames == 3
     for k in KEYS:
-        assert res["pmap"]["thermo"][k] == pytest.approx(res["single"]["thermo"][k], rel=1e-10)
+        assert res["pmap"]["final"][k] == pytest.approx(res["single"]["final"][k], rel=1e-10)
 
 
 @pytest.mark.parametrize(("engine", "mesh"), [("pmap", "2x2x2")], ids=str)

@@ -100,10 +100,12 @@ class DomainSpec:
 
     @property
     def n_ghosts(self) -> int:
+        """Ghost slots per device: the sum of the send capacities of every stage."""
         return sum(self.send)
 
     @property
     def shape3(self) -> tuple[int, int, int]:
+        """The device grid as 3 axes (missing axes are 1)."""
         return tuple(self.grid.shape) + (1,) * (3 - self.grid.ndim)
 
     def capacities(self) -> np.ndarray:
@@ -408,6 +410,11 @@ def chunk_block(ensemble, spec, comm, space, pot, params, state, lists, n_steps,
 
 
 def thermo_block(comm, space, state: DomainState) -> dict:
+    """LAMMPS-style thermo values of the whole system from one device's block.
+
+    Kinetic energy, atom count, pair energy and virial are summed over every device with
+    ``comm.psum``; the result (scalars) is the same on every device.
+    """
     valid = state.ids >= 0
     ke = comm.psum(observables.kinetic_energy(state.velocity, state.mass, valid))
     n = comm.psum(jnp.sum(valid, dtype=jnp.int32))
@@ -803,10 +810,12 @@ class DomainSimulation:
         self._run(None, n_steps, launch=False)
 
     def thermo(self) -> dict[str, float]:
+        """Current thermo values (``observables.thermo`` keys) as Python floats."""
         out = self._fn("thermo")(self.state, self.space)
         return {k: float(self._first(v)) for k, v in out.items()}
 
     def current_step(self) -> int:
+        """The step counter of the state (the same on every device)."""
         return int(self._first(self.state.step))
 
     def counts(self) -> np.ndarray:
