@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -289,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (see the module docstring)."""
     from simpar import signals
 
+    owner = not signals.installed()  # run_main installs them first and keeps them to the end
     signals.install()  # SIGINT/SIGTERM wait for the next safe point (simpar.signals)
     try:
         args = _parser().parse_args(argv)
@@ -310,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         print("simpar: interrupted", file=sys.stderr)
         return 130
     finally:
-        signals.uninstall()
+        if owner:
+            signals.uninstall()
 
 
 def run_main() -> None:
@@ -319,12 +322,23 @@ def run_main() -> None:
     After a signal the process leaves with ``os._exit`` once its files are closed: JAX's
     compiler threads may still be running, and tearing the interpreter down under them
     crashed (SIGSEGV) when Ctrl-C came during start-up or the first compilation.
+
+    A Ctrl-C or SIGTERM that arrives after the run finished (its files closed, its summary
+    printed) is ignored: the deferred handlers stay in place until ``main`` returns, and then
+    SIGINT/SIGTERM are ignored for the interpreter's teardown. Python resets its own handlers
+    to the default action early in finalization, and a signal in the next ~50 ms killed the
+    process (exit -2, nothing printed) although the run had completed.
     """
+    from simpar import signals
+
+    signals.install()
     code = main()
     if code >= 128:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     sys.exit(code)
 
 

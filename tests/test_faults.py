@@ -14,6 +14,7 @@ import glob
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -312,6 +313,30 @@ def test_ctrl_c_during_start_up_or_compilation_exits_130_cleanly(tmp_path, delay
     assert "Traceback" not in err and "Segmentation" not in err
     if p.returncode == 130 and out.exists():
         assert read_attrs(out)["run_status"] in ("failed: interrupted", "running")
+
+
+def test_ctrl_c_after_the_run_finished_is_ignored_during_teardown(tmp_path):
+    # Python resets its handlers to the default action early in finalization; a SIGINT in
+    # the next ~50 ms used to kill a completed run (exit -2, nothing printed).
+    out = tmp_path / "run.nc"
+    p = _subprocess("run", HEAT, "--out", str(out), "--steps", "4", *SMALL_HEAT)
+    summary = p.stdout.readline()  # one JSON line, the last thing printed before teardown
+    # wait until the process stops catching SIGINT (finalization resets Python's handlers)
+    # and signal it then: the moment that used to kill it
+    sigint = 1 << (signal.SIGINT - 1)
+    while p.poll() is None:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            status = Path(f"/proc/{p.pid}/status").read_text()
+            caught = int(re.search(r"SigCgt:\s*([0-9a-f]+)", status).group(1), 16)
+            if not caught & sigint:
+                break
+        time.sleep(0.001)
+    with contextlib.suppress(ProcessLookupError):
+        p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, (p.returncode, err)
+    assert json.loads(summary)["run_status"] == "complete"
+    assert read_attrs(out)["run_status"] == "complete"
 
 
 # --------------------------------------------------------------------------- 4. bad values
