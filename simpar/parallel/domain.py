@@ -88,6 +88,10 @@ class DomainSpec:
         the owned slots only, cells over the block's sub-box grown by the ghost slabs.
       n_atoms: atoms in the whole system (ids are ``0 .. n_atoms - 1``).
       skin: Verlet skin (sigma).
+      ghost_axes: the spatial axes that have ghost slabs: the split axes, and every axis
+        when an unsplit one is too short for a wrapping cell grid. Along an unsplit axis
+        without ghosts the block's cell grid wraps around the box (as on one device): no
+        ghost is copied and no pair is computed twice there.
     """
 
     grid: DeviceGrid
@@ -97,6 +101,7 @@ class DomainSpec:
     nbr: NeighborSpec
     n_atoms: int
     skin: float
+    ghost_axes: tuple[bool, bool, bool] = (True, True, True)
 
     @property
     def n_ghosts(self) -> int:
@@ -260,6 +265,10 @@ def _borders(spec: DomainSpec, comm, box, ref, ids):
     e_ref, e_img, e_ids = ref, ref, ids
     sends, counts = [], []
     for a in range(3):
+        if not spec.ghost_axes[a]:
+            sends += [jnp.zeros(0, jnp.int32)] * 2
+            counts += [jnp.int32(0)] * 2
+            continue
         n = _extent(comm, a)
         c = _coord(comm, a)
         length = box[a]
@@ -290,6 +299,8 @@ def _forward(comm, sends, pos):
     """Ghost positions by the recorded send indices (every step between rebuilds)."""
     ext = pos
     for a in range(3):
+        if sends[2 * a].shape[0] + sends[2 * a + 1].shape[0] == 0:
+            continue  # an axis without ghosts
         recv = [_send(comm, a, direction, _take(ext, sends[2 * a + k]))
                 for k, direction in enumerate((-1, +1))]  # fmt: skip
         ext = jnp.concatenate([ext] + recv)
@@ -303,7 +314,8 @@ def _relist(spec: DomainSpec, comm, space: Space, state: DomainState, n_builds, 
     sends, e_ref, e_img, e_ids, counts = _borders(spec, comm, box, state.ref_position, state.ids)
     lo = jnp.stack([_bounds(spec, comm, box, a)[0] for a in range(3)])
     rl = spec.nbr.radius * (1.0 + MARGIN)
-    nb = neighbors.build(spec.nbr, space, e_ref, e_ids >= 0, cell_r=e_img - (lo - rl), ids=e_ids)
+    origin = jnp.where(jnp.asarray(spec.ghost_axes), lo - rl, 0.0)  # wrapping axes: 0
+    nb = neighbors.build(spec.nbr, space, e_ref, e_ids >= 0, cell_r=e_img - origin, ids=e_ids)
     needed = jnp.concatenate([extra_needs, counts, nb.needed]).astype(jnp.int32)
     needed = comm.pmax(needed)
     overflow = jnp.any(needed > jnp.asarray(spec.capacities(), jnp.int32))
@@ -609,51 +621,123 @@ def empty_lists(spec: DomainSpec, dtype) -> DomainLists:
     )  # fmt: skip
 
 
+def cell_layout(grid_shape, box, radius: float):
+    """Ghost axes and the block's cell grid (host side).
+
+    Split axes get ghost slabs and a cell grid over the sub-box grown by them; unsplit axes
+    wrap around the whole box (no ghosts) when that grid has at least ``2 * reach + 1``
+    cells (as a periodic single-device grid needs); otherwise every axis gets ghosts.
+
+    Returns:
+      (ghost_axes bool[3], cells int[3] or None, reach, width float[3] or None (sigma),
+      extent float[3]: the span of the cell grid (sigma)).
+    """
+    rl = radius * (1.0 + MARGIN)
+    shape3 = tuple(grid_shape) + (1,) * (3 - len(grid_shape))
+    box = np.asarray(box, np.float64)
+    split = np.asarray(shape3) > 1
+    for ghosts in (split, np.ones(3, bool)):
+        extent = np.where(ghosts, box / np.asarray(shape3) + 2.0 * rl, box)
+        for k in (2, 1):  # as neighbors._layout: the finest grid with at least 27 cells
+            c = np.maximum(np.floor(extent * k / radius).astype(int), 1)
+            if np.all(ghosts | (c >= 2 * k + 1)) and int(np.prod(c)) >= 27:
+                width = tuple(float(x) for x in extent / c)
+                return (tuple(bool(g) for g in ghosts), tuple(int(x) for x in c), k, width,
+                        extent)  # fmt: skip
+    return (True, True, True), None, 1, None, extent
+
+
 def make_spec(grid: DeviceGrid, box, n_atoms: int, *, cutoff: float, skin: float,
               capacity: int, migrate: int, send, max_neighbors: int, column_capacity: int,
               block: int = 4096) -> DomainSpec:  # fmt: skip
-    """The static layout for given capacities (cells of the block's extended sub-box)."""
+    """The static layout for given capacities (``cell_layout``'s ghost axes and cells)."""
     radius = float(cutoff) + float(skin)
-    rl = radius * (1.0 + MARGIN)
-    shape3 = tuple(grid.shape) + (1,) * (3 - grid.ndim)
-    box = np.asarray(box, np.float64)
-    extent = box / np.asarray(shape3) + 2.0 * rl
-    cells, reach = None, 1
-    for k in (2, 1):  # as neighbors._layout: the finest grid with at least 27 cells
-        c = np.maximum(np.floor(extent * k / radius).astype(int), 1)
-        if int(np.prod(c)) >= 27:
-            cells, reach = tuple(int(x) for x in c), k
-            break
-    width = None if cells is None else tuple(float(x) for x in extent / np.asarray(cells))
+    ghost_axes, cells, reach, width, _ = cell_layout(grid.shape, box, radius)
+    send = tuple(int(s) if ghost_axes[i // 2] else 0 for i, s in enumerate(send))
     n_ext = int(capacity) + int(sum(send))
+    wrap = None if all(ghost_axes) else tuple(not g for g in ghost_axes)
     nspec = NeighborSpec(
         n_ext, int(max_neighbors), radius, float(skin), False, cells, reach,
-        int(column_capacity), (0.0, 0.0, 0.0), width, int(block), int(capacity),
+        int(column_capacity), (0.0, 0.0, 0.0), width, int(block), int(capacity), wrap,
     )  # fmt: skip
-    return DomainSpec(grid, int(capacity), int(migrate), tuple(int(s) for s in send), nspec,
-                      int(n_atoms), float(skin))  # fmt: skip
+    return DomainSpec(grid, int(capacity), int(migrate), send, nspec, int(n_atoms),
+                      float(skin), ghost_axes)  # fmt: skip
 
 
-def _guess(grid: DeviceGrid, box, n_atoms: int, radius: float, factor: float) -> dict:
-    """Capacities from the mean density (grown on demand later)."""
+def _guess(grid: DeviceGrid, box, position, cutoff: float, radius: float, factor: float
+           ) -> dict:  # fmt: skip
+    """Capacities measured on the host from the positions (grown on demand later).
+
+    The owned and ghost counts per device and stage, the largest neighbour count (a
+    periodic k-d tree) and the fullest column of cells are counted exactly as the devices
+    will find them. Owned and ghost counts get ``30 (factor - 1)`` standard deviations of
+    head-room (6 for the default 1.2; ghost counts at least the mean density's: a lattice
+    start puts whole planes on one side of a face), the lists ``factor`` times the need.
+    Tight capacities matter: the force and list kernels cost in proportion to the slots,
+    and on one device the layout is exactly ``single``'s (no ghosts, all atoms owned).
+    """
+    from scipy.spatial import cKDTree
+
     shape3 = tuple(grid.shape) + (1,) * (3 - grid.ndim)
     box = np.asarray(box, np.float64)
-    rho = n_atoms / float(np.prod(box))
-    sub = box / np.asarray(shape3)
-    owned = n_atoms / grid.size
-    send, ext = [], sub.copy()
+    n = int(np.shape(position)[0])
+    pos = np.mod(np.asarray(position, np.float64), box)
+    pos = np.where(pos >= box, 0.0, pos)
+    ghost_axes, cells, reach, width, _ = cell_layout(grid.shape, box, radius)
     rl = radius * (1.0 + MARGIN)
-    for a in range(3):
-        area = float(np.prod(np.delete(ext, a)))
-        for _ in range(2):
-            send.append(_round8(factor * 1.3 * rho * area * min(rl, sub[a]) + 16))
-        ext[a] += 2 * rl
+    sub = box / np.asarray(shape3)
+    # every periodic image an extended sub-box can hold (ghost axes: -L, 0, +L)
+    shifts = np.stack(np.meshgrid(*[[-1.0, 0.0, 1.0] if g else [0.0] for g in ghost_axes],
+                                  indexing="ij"), -1).reshape(-1, 3) * box  # fmt: skip
+    img = (pos[None] + shifts[:, None]).reshape(-1, 3)
+    rho = n / float(np.prod(box))
+    owned, send, col = 0, np.zeros(6), 0
+    for d in range(grid.size):
+        lo = np.asarray(np.unravel_index(d, shape3)) * sub
+        hi = lo + sub
+        inside = (img >= lo) & (img < hi)
+        grown = np.where(ghost_axes, (img >= lo - rl) & (img < hi + rl), True)
+        owned = max(owned, int(np.sum(np.all(inside, axis=1))))
+        for a in range(3):
+            if not ghost_axes[a]:
+                continue
+            # stage a sends from the owned atoms and the ghosts of the earlier axes
+            region = np.ones(len(img), bool)
+            for b in range(3):
+                region &= grown[:, b] if b < a else inside[:, b] if b > a else True
+            slab = inside[:, a] & region
+            area = float(np.prod(np.where(np.arange(3) < a, sub + 2 * rl, sub)[np.arange(3) != a]))
+            mean = rho * area * min(rl, sub[a])
+            for k, face in enumerate((img[:, a] < lo[a] + rl, img[:, a] >= hi[a] - rl)):
+                send[2 * a + k] = max(send[2 * a + k], np.sum(slab & face), mean)
+        if cells is not None:  # the fullest window of 2 * reach + 1 cells along z
+            mine = img[np.all(grown, axis=1)]
+            origin = np.where(ghost_axes, lo - rl, 0.0)
+            c = np.clip(np.floor((mine - origin) / np.asarray(width)).astype(int), 0,
+                        np.asarray(cells) - 1)  # fmt: skip
+            counts = np.zeros(cells, np.int64)
+            np.add.at(counts, tuple(c.T), 1)
+            win = sum(np.roll(counts, s, axis=2) if not ghost_axes[2] else
+                      np.pad(counts, ((0, 0), (0, 0), (reach, reach)))[:, :, reach + s:
+                                                                       reach + s + cells[2]]
+                      for s in range(-reach, reach + 1))  # fmt: skip
+            col = max(col, int(win.max()))
+    tree = cKDTree(pos, boxsize=box)
+    nbr = int(np.max(tree.query_ball_point(pos, radius, return_length=True))) - 1
+    sigmas = 30.0 * (factor - 1.0)
+    skin = radius - float(cutoff)
+    face = max(float(np.prod(np.delete(sub, a))) for a in range(3))
+
+    def room(x):
+        return _round8(x + sigmas * math.sqrt(x) + 32)
+
     return {
-        "capacity": _round8(factor * 1.1 * owned + 16),
-        "migrate": _round8(0.05 * owned + 16),
-        "send": tuple(send),
-        "max_neighbors": _round8(1.3 * rho * 4.0 / 3.0 * math.pi * radius**3 + 8),
-        "column_capacity": _round8(1.6 * rho * 5 * (radius / 2) ** 3 + 8),
+        "capacity": min(n, room(owned)) if grid.size > 1 else n,
+        # atoms crossing one face between builds: a slab of the skin, twice (a melting start)
+        "migrate": _round8(max(0.05 * n / grid.size, 2 * rho * face * skin) + 32),
+        "send": tuple(room(x) if x > 0 else 0 for x in send),
+        "max_neighbors": _round8(math.ceil(factor * max(nbr, 1))),
+        "column_capacity": _round8(math.ceil(factor * max(col, 1))),
     }
 
 
@@ -886,14 +970,6 @@ def make_domain_simulation(
     radius = float(pot.cutoff) + float(skin)
     check_mesh(mesh, box, radius)
     position = np.asarray(wrap(space, position))
-    caps = _guess(grid, box, n, radius, capacity_factor)
-    if max_neighbors:
-        caps["max_neighbors"] = int(max_neighbors)
-    caps.update(capacities or {})
-    spec = make_spec(grid, box, n, cutoff=float(pot.cutoff), skin=skin, **caps)
-    mapper = _Mapper(engine, grid, devices[: grid.size])
-    sim = DomainSimulation(engine, ensemble, space, pot, md.make_params(dt, kt, gamma, dtype),
-                           spec, mapper, capacity_factor=capacity_factor)  # fmt: skip
     key = jax.random.PRNGKey(0) if key is None else key
     g = {
         "position": position,
@@ -908,6 +984,14 @@ def make_domain_simulation(
     }
     if restore is not None:
         g = dict(restore)
+    caps = _guess(grid, box, g["ref_position"], float(pot.cutoff), radius, capacity_factor)
+    if max_neighbors:
+        caps["max_neighbors"] = int(max_neighbors)
+    caps.update(capacities or {})
+    spec = make_spec(grid, box, n, cutoff=float(pot.cutoff), skin=skin, **caps)
+    mapper = _Mapper(engine, grid, devices[: grid.size])
+    sim = DomainSimulation(engine, ensemble, space, pot, md.make_params(dt, kt, gamma, dtype),
+                           spec, mapper, capacity_factor=capacity_factor)  # fmt: skip
     sim.load(g)
     sim.builds = 1
     return sim

@@ -57,6 +57,9 @@ class NeighborSpec:
       block: particles processed at once while building (memory bound).
       rows: build rows only for the first ``rows`` particles (the owned atoms of a
         domain block; the others are candidates only); None: every particle.
+      wrap: free-space grids only, the axes along which the cell grid wraps around (a
+        domain block's unsplit axes: its grid spans the whole periodic box there, with
+        ``origin`` 0 and ``width`` box / cells); None: none.
     """
 
     capacity: int
@@ -71,6 +74,7 @@ class NeighborSpec:
     width: tuple[float, float, float] | None = None
     block: int = 4096
     rows: int | None = None
+    wrap: tuple[bool, bool, bool] | None = None
 
 
 class NeighborList(NamedTuple):
@@ -116,25 +120,31 @@ def _column_ranges(spec: NeighborSpec, space: Space, r, valid):
     dy = jnp.asarray(np.tile(d, d.size), jnp.int32)
     cx = c[:, 0:1] + dx[None]
     cy = c[:, 1:2] + dy[None]
-    if spec.periodic:
-        col_ok = jnp.ones(cx.shape, bool)
-        cx, cy = cx % nx, cy % ny
+    wx, wy, wz = (True,) * 3 if spec.periodic else (spec.wrap or (False,) * 3)
+    col_ok = jnp.ones(cx.shape, bool)
+    if wx:
+        cx = cx % nx
     else:
-        col_ok = (cx >= 0) & (cx < nx) & (cy >= 0) & (cy < ny)
-        cx, cy = jnp.clip(cx, 0, nx - 1), jnp.clip(cy, 0, ny - 1)
+        col_ok = col_ok & (cx >= 0) & (cx < nx)
+        cx = jnp.clip(cx, 0, nx - 1)
+    if wy:
+        cy = cy % ny
+    else:
+        col_ok = col_ok & (cy >= 0) & (cy < ny)
+        cy = jnp.clip(cy, 0, ny - 1)
     base = (cx * ny + cy) * nz  # (N, ncol)
     lo = (c[:, 2] - k)[:, None]
     hi = (c[:, 2] + k)[:, None]
     s_a = start[base + jnp.maximum(lo, 0)]
     e_a = start[base + jnp.minimum(hi, nz - 1) + 1]
     len_a = jnp.where(col_ok, e_a - s_a, 0)
-    if spec.periodic:
+    if wz:
         below, above = lo < 0, hi > nz - 1
         b_lo = jnp.where(below, nz + lo, 0)
         b_hi = jnp.where(below, nz - 1, hi - nz)
         s_b = start[base + b_lo]
         e_b = start[base + jnp.clip(b_hi, 0, nz - 1) + 1]
-        len_b = jnp.where(below | above, e_b - s_b, 0)
+        len_b = jnp.where((below | above) & col_ok, e_b - s_b, 0)
     else:
         s_b = jnp.zeros_like(s_a)
         len_b = jnp.zeros_like(len_a)
@@ -269,7 +279,8 @@ def build(
                 box = space.box[d].astype(r.dtype)
                 dx = dx - box * jnp.round(dx * (1.0 / box))  # one division, not one per pair
             r2 = r2 + dx * dx
-            if images:  # image and minimum-image displacements differ by 0 or a box length
+            if images and not (spec.wrap and spec.wrap[d]):
+                # image and minimum-image displacements differ by 0 or a box length
                 dxi = ci[:, d, None, None] - cs_soa[d][sidx]
                 same = same & (jnp.abs(dxi - dx) < 0.5 * space.box[d].astype(r.dtype))
         mask = ok & (r2 < rad2) & (sidx != i_sorted[:, None, None]) & same
