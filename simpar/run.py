@@ -94,11 +94,11 @@ def run_config(
         engine=engine, mesh=mesh, steps=steps, out=out, progress=progress, overwrite=overwrite
     )
     if name in PARTICLE_MODELS:
-        if distributed.process_count() > 1 and name != "lj":
+        if distributed.process_count() > 1 and name not in ("lj", "nbody"):
             raise ConfigError(
                 "--num-processes",
-                f"multi-process runs support the grid models and lj; {name!r} runs in one "
-                "process (use --devices and a mesh on one host)",
+                f"multi-process runs support the grid models, lj and nbody; {name!r} runs in "
+                "one process (use --devices and a mesh on one host)",
             )
         if show_layout:
             raise ConfigError("--show-layout", f"grid models only; not {name!r}")

@@ -159,12 +159,16 @@ def test_multi_process_input_errors_exit_2_and_write_nothing(tmp_path):
     )
     for p in (p0, p1):
         assert p.returncode == 2 and "output.gather_limit_gib" in p.stderr
-    # N-body runs in one process; MD across processes only on 'sharded'
+    # an N-body ring of 4 would leave process 1 without a device
+    nb_out = tmp_path / "x_nbody.h5md"
     p0, p1 = _two_processes(
-        "experiments/nbody_plummer.toml", "--engine", "shard_map", "--steps", "2", "--out", str(out)
-    )
+        "experiments/nbody_plummer.toml", "--engine", "pmap", "--mesh", "4", "--steps", "2",
+        "--out", str(nb_out),
+    )  # fmt: skip
     for p in (p0, p1):
-        assert p.returncode == 2 and "grid models and lj" in p.stderr
+        assert p.returncode == 2 and "leaves process(es) [1] without a device" in p.stderr
+        assert "Traceback" not in p.stderr
+    assert not nb_out.exists()
     md_out = tmp_path / "x.h5md"
     p0, p1 = _two_processes(
         "experiments/lj_melt.toml", "--engine", "single", "--steps", "2", "--out", str(md_out)
@@ -193,3 +197,26 @@ def test_two_process_lj_melt_equals_the_one_process_sharded_run(tmp_path):
             np.testing.assert_allclose(va, vb, rtol=1e-12, atol=1e-12, err_msg=k)
     u = MDAnalysis.Universe(str(out))
     assert len(u.atoms) == 4000 and len(u.trajectory) == 2
+
+
+NBODY = ("experiments/nbody_plummer.toml", "--set", "particles.n=256", "--steps", "20",
+         "--set", "output.every=10", "--quiet")  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ["pmap", "shard_map"])
+def test_two_process_nbody_ring_equals_the_one_process_ring(tmp_path, engine):
+    """The N-body ring of 8 devices over two processes (shifts 3 -> 4 and 7 -> 0 cross
+    between them) writes the trajectory of the one-process ring of 8, bitwise."""
+    out, ref = tmp_path / "two.h5md", tmp_path / "one.h5md"
+    p0, p1 = _two_processes(*NBODY, "--engine", engine, "--out", str(out))
+    assert p0.returncode == 0 and p1.returncode == 0, p0.stderr[-2000:] + p1.stderr[-2000:]
+    _one_process(*NBODY, "--engine", engine, "--devices", "8", "--out", str(ref))
+    traj = "particles/trajectory/"
+    with h5py.File(out) as a, h5py.File(ref) as b:
+        assert a["parameters"].attrs["process_count"] == 2
+        assert a[traj + "position/value"].shape == (3, 256, 3)
+        for k in ("position", "velocity"):
+            np.testing.assert_array_equal(a[traj + k + "/value"][:], b[traj + k + "/value"][:])
+        for k in ("kinetic_energy", "potential_energy", "total_energy"):
+            va, vb = a["observables"][k]["value"][:], b["observables"][k]["value"][:]
+            np.testing.assert_allclose(va, vb, rtol=1e-13, err_msg=k)

@@ -188,22 +188,36 @@ def test_h5md_output_same_layout_as_single(tmp_path):
         assert res["pmap"]["final"][k] == pytest.approx(res["single"]["final"][k], rel=1e-10)
 
 
-@pytest.mark.parametrize(("engine", "mesh"), [("pmap", "2x2x2")], ids=str)
-def test_two_processes_equal_one_process(tmp_path, engine, mesh):
-    """8 devices of two processes (jax.distributed, gloo) run one decomposed melt; process
-    0 writes an H5MD trajectory equal to the one-process single-engine run. (shard_map on
-    2x4 over two processes gave the same, bitwise, when run by hand; left out for time.)"""
-    from test_distributed import _one_process, _two_processes
+MELT = ("experiments/lj_melt.toml", "--steps", "40", "--set", "output.every=20",
+        "--set", "system.cells=[6,8,6]", "--quiet")  # fmt: skip
 
-    common = ("experiments/lj_melt.toml", "--steps", "40", "--set", "output.every=20",
-              "--set", "system.cells=[6,8,6]", "--quiet")  # fmt: skip
-    out, ref = tmp_path / "two.h5md", tmp_path / "one.h5md"
-    p0, p1 = _two_processes(*common, "--engine", engine, "--mesh", mesh, "--out", str(out))
+
+@pytest.fixture(scope="module")
+def one_process_melt(tmp_path_factory):
+    """The one-process ``single`` run of ``MELT`` (shared by the two-process tests)."""
+    from test_distributed import _one_process
+
+    ref = tmp_path_factory.mktemp("melt") / "one.h5md"
+    _one_process(*MELT, "--engine", "single", "--out", str(ref))
+    return ref
+
+
+@pytest.mark.parametrize(("engine", "mesh"), [("pmap", "2x2x2"), ("shard_map", "2x4")], ids=str)
+def test_two_processes_equal_one_process(tmp_path, one_process_melt, engine, mesh):
+    """8 devices of two processes (jax.distributed, gloo, 4 CPU devices each) run one
+    decomposed melt (1,152 atoms, box 10.1 x 13.4 x 10.1); process 0 writes an H5MD
+    trajectory equal to the one-process single-engine run. On 2x4 the first mesh row is
+    process 0's devices, the second process 1's: x is cut between the processes."""
+    from test_distributed import _two_processes
+
+    out = tmp_path / "two.h5md"
+    p0, p1 = _two_processes(*MELT, "--engine", engine, "--mesh", mesh, "--out", str(out))
     assert p0.returncode == 0 and p1.returncode == 0, p0.stderr[-2000:] + p1.stderr[-2000:]
-    _one_process(*common, "--engine", "single", "--out", str(ref))
     traj = "particles/trajectory/position/value"
-    with h5py.File(out) as a, h5py.File(ref) as b:
+    with h5py.File(out) as a, h5py.File(one_process_melt) as b:
         assert a["parameters"].attrs["process_count"] == 2
+        assert a["parameters"].attrs["engine"] == engine
+        assert a[traj].shape == b[traj].shape == (3, 1152, 3)
         np.testing.assert_allclose(a[traj][:], b[traj][:], rtol=0, atol=1e-9)
         for k in KEYS:
             va, vb = a["observables"][k]["value"][:], b["observables"][k]["value"][:]

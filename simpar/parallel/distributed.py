@@ -13,8 +13,9 @@ where to meet (``jax.distributed``)::
 
 ``--devices`` is then the number of CPU devices *per process*; a mesh spans every process's
 devices (``jax.devices()`` lists them by process). Grid models run this way on ``pmap``,
-``shard_map`` and ``sharded``, Lennard-Jones MD on ``pmap``, ``shard_map`` and ``sharded``;
-N-body runs in one process.
+``shard_map`` and ``sharded``, Lennard-Jones MD and the N-body ring on ``pmap``,
+``shard_map`` and ``sharded`` (the ring spans the processes' devices: ``--devices 4`` on two
+processes is a ring of 8).
 Every process builds the initial state on the host, places only its own blocks, runs the same
 compiled chunks and takes part in the collectives; process 0 alone writes the output file, the checkpoints and the progress. For a
 frame the state is gathered to every host (``multihost_utils.process_allgather``), so the
@@ -146,6 +147,34 @@ def to_host(x) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def put_blocks(blocks, devices):
+    """Host blocks ``(len(devices), ...)`` -> a ``pmap`` array, block ``i`` on ``devices[i]``.
+
+    In a multi-process run each process places only the blocks of its own devices (every
+    process passes the whole host array; the others' blocks are dropped here). An identity
+    ``pmap`` does the placement (``device_put_sharded`` is deprecated).
+    """
+    import jax
+
+    blocks = np.asarray(blocks)
+    mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+    if len(mine) < len(devices):
+        blocks = blocks[mine]
+    return jax.pmap(lambda x: x, devices=devices)(blocks)
+
+
+def put_global(x, sharding):
+    """A host array -> a global ``jax.Array`` with ``sharding`` (which may span processes).
+
+    Each process materialises only the shards its own devices hold
+    (``jax.make_array_from_callback``); every process must pass the same whole value.
+    """
+    import jax
+
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
 
 def gather_blocks(x) -> np.ndarray:

@@ -27,6 +27,13 @@ serves every chunk length. State stays on the devices between chunks when the
 ``NBodyEngine`` methods are used directly.
 
 N must be divisible by the number of devices (else ``ConfigError``); no padding is done.
+
+More than one process (``simpar.parallel.distributed``): the ring is the first ``n_dev``
+devices of ``jax.devices()`` (listed by process), so ``--devices 4`` on two processes gives a
+ring of 8 whose shifts 3 -> 4 and 7 -> 0 cross between the processes. Every process builds
+the whole initial state on the host and places only its own devices' blocks; ``fetch``
+gathers the blocks on every process (a collective). The programs are the one-process ones, so
+a two-process run equals a one-process run on the same engine and ring bit for bit.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
+from simpar.parallel.distributed import gather_blocks, put_blocks, put_global, to_host
 from simpar.particles.nbody import (
     NBodyParams,
     NBodyState,
@@ -230,6 +238,26 @@ def check_layout(n: int, engine: str, n_devices: int) -> None:
         raise ConfigError(
             "parallel.devices", f"{n_devices} devices requested, JAX sees {available}"
         )
+    if jax.process_count() > 1:
+        if engine == "single":
+            raise ConfigError(
+                "--engine",
+                f"engine 'single' runs in one process; this run has {jax.process_count()} "
+                "(use pmap, shard_map or sharded)",
+            )
+        idle = sorted(
+            {d.process_index for d in jax.devices()}
+            - {d.process_index for d in jax.devices()[:n_devices]}
+        )
+        if idle:
+            raise ConfigError(
+                "parallel.devices",
+                f"a ring of {n_devices} devices (the first {n_devices} of "
+                f"{available}, listed by process) leaves process(es) {idle} without a "
+                f"device; across {jax.process_count()} processes the ring must include a "
+                f"device of each: use all {available} (the default) or a count that reaches "
+                "the last process",
+            )
     if engine == "single" and n_devices != 1:
         raise ConfigError("parallel.devices", f"engine 'single' runs on 1 device, got {n_devices}")
     if n % n_devices:
@@ -242,7 +270,7 @@ def check_layout(n: int, engine: str, n_devices: int) -> None:
 
 
 def _fetch_global(state: NBodyState) -> NBodyState:
-    return NBodyState(*(np.asarray(a) for a in state))
+    return NBodyState(*(to_host(a) for a in state))
 
 
 def _cast(params: NBodyParams, dtype) -> NBodyParams:
@@ -323,9 +351,10 @@ def _make_engine(engine: str, n_devices: int, tb: int | None) -> NBodyEngine:
             devices=devices,
         )
 
-        def split(a):
-            a = jnp.asarray(a)
-            return a.reshape((n_devices, a.shape[0] // n_devices) + a.shape[1:])
+        def split(a):  # whole-system host array -> this process's blocks on the devices
+            a = np.asarray(a)
+            return put_blocks(a.reshape((n_devices, a.shape[0] // n_devices) + a.shape[1:]),
+                              devices)  # fmt: skip
 
         def first(obs):  # psum results are replicated over the axis
             return jax.tree.map(lambda x: x[0], obs)
@@ -339,8 +368,8 @@ def _make_engine(engine: str, n_devices: int, tb: int | None) -> NBodyEngine:
             state, obs = block_run(state, _cast(params, state.pos.dtype), n_steps)
             return state, first(obs)
 
-        def fetch(state):
-            return NBodyState(*(np.asarray(a).reshape((-1,) + a.shape[2:]) for a in state))
+        def fetch(state):  # every process's blocks, in ring order (a collective)
+            return NBodyState(*(gather_blocks(a).reshape((-1,) + a.shape[2:]) for a in state))
 
         return NBodyEngine(
             engine,
@@ -360,9 +389,8 @@ def _make_engine(engine: str, n_devices: int, tb: int | None) -> NBodyEngine:
 
     def put(pos, vel, mass, params):
         check_layout(len(mass), engine, n_devices)
-        pos, vel, mass = (jax.device_put(jnp.asarray(a), part) for a in (pos, vel, mass))
-        params = jax.device_put(_cast(params, pos.dtype), repl)
-        return pos, vel, mass, params
+        pos, vel, mass = (put_global(a, part) for a in (pos, vel, mass))
+        return pos, vel, mass, params_on_mesh(params, pos.dtype)
 
     if engine == "shard_map":
         state_spec = NBodyState(P(AXIS), P(AXIS), P(AXIS), P(AXIS))
@@ -396,21 +424,25 @@ def _make_engine(engine: str, n_devices: int, tb: int | None) -> NBodyEngine:
         run = jax.jit(functools.partial(_global_run, tb=tb), out_shardings=(state_sh, repl))
         obs = jax.jit(functools.partial(_global_observables, tb=tb), out_shardings=repl)
 
-    def params_on_mesh(params, dtype):
-        return jax.device_put(_cast(params, dtype), repl)
+    def params_on_mesh(params, dtype):  # replicated on every device of every process
+        return NBodyParams(*(put_global(np.asarray(p, dtype), repl) for p in params))
+
+    def host_obs(o):  # replicated results (may span processes) -> NumPy
+        return Observables(*(to_host(x) for x in o))
 
     def run_fn(state, params, n_steps):
-        n_steps = jax.device_put(jnp.asarray(n_steps, jnp.int32), repl)
-        return run(state, params_on_mesh(params, state.pos.dtype), n_steps)
+        n_steps = put_global(np.asarray(n_steps, np.int32), repl)
+        state, o = run(state, params_on_mesh(params, state.pos.dtype), n_steps)
+        return state, host_obs(o)
 
     return NBodyEngine(
         engine,
         n_devices,
         lambda *a: init(*put(*a)),
         run_fn,
-        lambda s, p: obs(s, params_on_mesh(p, s.pos.dtype)),
+        lambda s, p: host_obs(obs(s, params_on_mesh(p, s.pos.dtype))),
         _fetch_global,
-        lambda st: NBodyState(*(jax.device_put(jnp.asarray(a), part) for a in st)),
+        lambda st: NBodyState(*(put_global(a, part) for a in st)),
     )
 
 

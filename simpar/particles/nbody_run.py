@@ -60,6 +60,7 @@ from simpar.io.files import (
 from simpar.io.h5md import H5MDWriter
 from simpar.io.meta import run_metadata, run_summary
 from simpar.memory import check_fits
+from simpar.parallel import distributed
 from simpar.parallel.ring import ENGINES, check_layout, make_engine
 from simpar.particles import checkpoint as particle_checkpoint
 from simpar.particles.nbody import Observables, make_params, plummer_sphere
@@ -240,7 +241,9 @@ def run_config(
     from_cli = bool(engine)
     engine = engine or cfg_engine
     n_devices = _devices_for(engine, from_cli, mesh, cfg_devices, cfg_mesh)
-    check_layout(n, engine, n_devices)
+    check_layout(n, engine, n_devices)  # also: no 'single' across processes, no idle process
+    main = distributed.is_main()  # process 0 writes the file and checkpoints, shows progress
+    progress = progress and main
     if steps is not None and (not isinstance(steps, int) or steps < 0):
         raise ConfigError("--steps", f"must be an integer >= 0, got {steps!r}")
     n_steps = cfg_steps if steps is None else steps
@@ -296,6 +299,10 @@ def run_config(
         ck_state, ck_step = particle_checkpoint.nbody_state_from_checkpoint(ck)
         if ck_state.pos.shape != pos.shape:
             raise ConfigError("--resume", "the checkpoint holds another number of particles")
+    distributed.barrier("simpar: input validated")  # every process checked before 0 writes
+    if not main:
+        writer = distributed.NoWriter()
+    elif ck is not None:
         writer = H5MDWriter.open_existing(path, step=ck_step)
     else:
         writer = _open_output(path, n, dtype, mass, attrs, overwrite=overwrite, key=path_key)
@@ -305,13 +312,13 @@ def run_config(
 
     def frame(step, dstate, obs, e0):
         nonlocal last_good
-        host = eng.fetch(dstate)
+        host = eng.fetch(dstate)  # a collective across processes: every process fetches
         try:
             writer.append(step, step * dt, host.pos, box=no_box, velocity=host.vel, observables=obs)
         except (OSError, RuntimeError) as err:  # disk full, I/O error (h5py: RuntimeError)
             raise write_error(err, path, step, last_good) from None
         last_good = f"{path} (frames up to step {step})"
-        if save_checkpoints:  # after the frame: a kill in between drops that frame
+        if save_checkpoints and main:  # after the frame: a kill in between drops that frame
             state = particle_checkpoint.nbody_state_to_checkpoint(host, step)
             state["energy_initial"] = np.float64(e0)
             checkpoint.save(checkpoint.checkpoint_path(path), state, step, config_text, name)
