@@ -10,7 +10,9 @@ exchange is a local copy.
 Ghosts (LAMMPS ``borders``): at each neighbour-list rebuild, axis by axis (x, then y over the
 owned atoms and the x ghosts, then z over everything so far), the atoms within
 ``cutoff + skin`` of each face are selected into a fixed-capacity send buffer and moved to
-the neighbour by ``ppermute``, so edge and corner ghosts arrive in 2 or 3 hops. Each ghost
+the neighbour by ``ppermute``, so edge and corner ghosts arrive in 2 or 3 hops. Axes the mesh
+does not split have no ghosts (``DomainSpec.ghost_axes``): the block's cell grid wraps around
+the box there, as on one device (``cell_layout``; short boxes fall back to ghosts everywhere). Each ghost
 carries its wrapped position (for distances, with the minimum image, exactly as on one
 device) and its periodic image (position shifted by the box length when it crosses the
 box edge; used only to bin it into the block's cell grid). The selected slot indices are
