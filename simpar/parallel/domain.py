@@ -60,7 +60,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError, SimulationError
-from simpar.parallel.distributed import gather_blocks, to_host
+from simpar.parallel.distributed import gather_blocks, put_blocks, put_global, to_host
 from simpar.parallel.halo import LocalComm, PmapComm, ShardMapComm
 from simpar.parallel.topology import DeviceGrid
 from simpar.particles import integrate, md, neighbors, observables
@@ -461,23 +461,10 @@ class _Mapper:
     def put(self, tree):
         """Place host arrays ``(n_dev, ...)`` (each process only its own devices' blocks)."""
         if self.engine == "pmap":
-            mine = [i for i, d in enumerate(self.devices) if d.process_index == jax.process_index()]
-
-            def put(x):
-                x = np.asarray(x)
-                return jax.pmap(lambda y: y, devices=self.devices)(
-                    x[mine] if len(mine) < len(self.devices) else x
-                )
-
-            return jax.tree.map(put, tree)
+            return jax.tree.map(lambda x: put_blocks(x, self.devices), tree)
         if self.engine == "shard_map":
             sh = NamedSharding(self.mesh, self.spec)
-
-            def put(x):
-                x = np.asarray(x)
-                return jax.make_array_from_callback(x.shape, sh, lambda i, x=x: x[i])
-
-            return jax.tree.map(put, tree)
+            return jax.tree.map(lambda x: put_global(x, sh), tree)
         return jax.tree.map(lambda x: jax.device_put(np.asarray(x), self.devices[0]), tree)
 
     def get(self, tree):
@@ -666,7 +653,7 @@ def make_spec(grid: DeviceGrid, box, n_atoms: int, *, cutoff: float, skin: float
                       float(skin), ghost_axes)  # fmt: skip
 
 
-def _guess(grid: DeviceGrid, box, position, cutoff: float, radius: float, factor: float
+def _guess(grid: DeviceGrid, box, position, radius: float, skin: float, factor: float
            ) -> dict:  # fmt: skip
     """Capacities measured on the host from the positions (grown on demand later).
 
@@ -727,7 +714,6 @@ def _guess(grid: DeviceGrid, box, position, cutoff: float, radius: float, factor
     tree = cKDTree(pos, boxsize=box)
     nbr = int(np.max(tree.query_ball_point(pos, radius, return_length=True))) - 1
     sigmas = 30.0 * (factor - 1.0)
-    skin = radius - float(cutoff)
     face = max(float(np.prod(np.delete(sub, a))) for a in range(3))
 
     def room(x):
@@ -986,7 +972,7 @@ def make_domain_simulation(
     }
     if restore is not None:
         g = dict(restore)
-    caps = _guess(grid, box, g["ref_position"], float(pot.cutoff), radius, capacity_factor)
+    caps = _guess(grid, box, g["ref_position"], radius, float(skin), capacity_factor)
     if max_neighbors:
         caps["max_neighbors"] = int(max_neighbors)
     caps.update(capacities or {})
