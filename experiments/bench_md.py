@@ -159,7 +159,7 @@ def time_split(dtype, cells: int) -> dict:
     comm, dspec = dom.mapper.comm, dom.spec
     st = jax.tree.map(lambda x: x[0], dom.state)
     ls = jax.tree.map(lambda x: x[0], dom.lists)
-    fwd = jax.jit(lambda p, sends: domain._forward(comm, sends, p))
+    fwd = jax.jit(lambda p, sends: domain._forward(dspec, comm, sends, p))
     box = spc.box.astype(dtype)
     bord = jax.jit(lambda p, ids: domain._borders(dspec, comm, box, p, ids)[4])
     out["ghost_exchange"] = _best(fwd, st.position, ls.sends)

@@ -3,9 +3,11 @@
 Every decomposed run is compared with the ``single`` engine (``md.Simulation``): neighbour
 rows are summed in atom-id order on both, so with FMA off (conftest) the trajectories agree
 bitwise; the asserts use the issue's tolerances (positions 1e-9, energies and pressure
-1e-10 relative). One system serves every mesh: fcc 14x7x4 cells (1,568 atoms, box
-23.5 x 11.8 x 6.7) has sub-boxes of at least cutoff + skin = 2.8 on (8,), (2, 4), (4, 2) and
-(2, 2, 2). Compiled programs are shared between tests with the same layout.
+1e-10 relative). One system serves the one-hop meshes: fcc 14x7x4 cells (1,568 atoms, box
+23.5 x 11.8 x 6.7) has sub-boxes of at least cutoff + skin = 2.8 on (2, 4), (4, 2) and
+(2, 2, 2); ``lj_melt.toml``'s 4,000 atoms on (8,) and a 256-atom box on (7,) need ghosts
+from two and three devices away. Compiled programs are shared between tests with the same
+layout.
 Budget: about 2 minutes on 2 CPU cores, mostly compilation.
 """
 
@@ -59,7 +61,7 @@ def assert_same(g, th, frame):
 
 @pytest.mark.parametrize(
     ("engine", "mesh"),
-    [("pmap", (8,)), ("shard_map", (2, 4)), ("pmap", (2, 2, 2)), ("shard_map", (4, 2))],
+    [("shard_map", (2, 4)), ("pmap", (2, 2, 2)), ("shard_map", (4, 2))],
     ids=str,
 )
 def test_decomposed_run_equals_single(reference, engine, mesh):
@@ -75,6 +77,29 @@ def test_decomposed_run_equals_single(reference, engine, mesh):
     np.testing.assert_array_equal(
         sim.global_state()["position"], frames[-1][0]
     )  # bitwise here (FMA off): same pair order per row
+
+
+@pytest.mark.parametrize(
+    ("engine", "mesh", "cells", "steps", "hops"),
+    [("pmap", (8,), (10, 10, 10), 100, (2, 1, 1)), ("shard_map", (7,), (4, 4, 4), 300, (3, 1, 1))],
+    ids=str,
+)
+def test_thin_sub_boxes_get_ghosts_in_several_hops(engine, mesh, cells, steps, hops):
+    """Sub-boxes thinner than cutoff + skin: ``lj_melt.toml`` (4,000 atoms, box 16.8) on 8
+    slabs of 2.1 sigma, and 256 atoms (box 6.7) on 7 slabs of 0.96 sigma, where the ghost
+    slabs wrap around the box and a device receives images of its own atoms. Both follow
+    ``single`` bitwise, melting from T = 3 (atoms cross the thin slabs often)."""
+    r, v, spc, pot = lj(cells=cells, temperature=3.0, seed=87287)
+    ref = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3)
+    sim = domain.make_domain_simulation(engine, mesh, spc, pot, r, v, dt=0.005, skin=0.3)
+    assert sim.spec.hops == hops
+    ref.advance(steps)
+    sim.advance(steps)
+    assert sim.builds == int(ref.nbrs.n_builds) > 10
+    np.testing.assert_array_equal(sim.global_state()["position"], np.asarray(ref.state.position))
+    th, ref_th = sim.thermo(), ref.thermo()
+    for k in KEYS:
+        assert th[k] == pytest.approx(ref_th[k], rel=1e-10, abs=1e-12), k
 
 
 def test_pileup_regrows_and_never_loses_an_atom():
@@ -129,20 +154,20 @@ def test_langevin_reproducible_and_equal_to_single():
 
 
 def test_thin_sub_box_refused():
-    r, v, spc, pot = lj(cells=(4, 4, 4))  # box 6.7: 8 slabs of 0.84 < 2.8
+    r, v, spc, pot = lj(cells=(4, 4, 4))  # box 6.7: 8 slabs of 0.84 < 2.8 / 3
     with pytest.raises(
-        ConfigError, match=r"mesh 8 cuts the box .* smallest allowed sub-box is 2\.8"
+        ConfigError, match=r"mesh 8 cuts the box .* smallest allowed sub-box 0\.934"
     ):
         domain.make_domain_simulation("pmap", (8,), spc, pot, r, v, dt=0.005)
     # through the CLI: exit 2, the message names the mesh, no traceback, no file
     out = "data/runs/never_written.h5md"
     p = subprocess.run(
         [sys.executable, "-m", "simpar", "run", "experiments/lj_melt.toml", "--engine", "pmap",
-         "--mesh", "2x8", "--devices", "16", "--out", out],
+         "--mesh", "2x20", "--devices", "40", "--out", out],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert p.returncode == 2, p.stderr
-    assert "mesh 2x8" in p.stderr and "smallest allowed sub-box is 2.8" in p.stderr
+    assert "mesh 2x20" in p.stderr and "smallest allowed sub-box 0.934" in p.stderr
     assert "Traceback" not in p.stderr
 
 

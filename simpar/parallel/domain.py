@@ -10,7 +10,11 @@ exchange is a local copy.
 Ghosts (LAMMPS ``borders``): at each neighbour-list rebuild, axis by axis (x, then y over the
 owned atoms and the x ghosts, then z over everything so far), the atoms within
 ``cutoff + skin`` of each face are selected into a fixed-capacity send buffer and moved to
-the neighbour by ``ppermute``, so edge and corner ghosts arrive in 2 or 3 hops. Axes the mesh
+the neighbour by ``ppermute``, so edge and corner ghosts arrive in 2 or 3 hops. A sub-box
+thinner than the slab (e.g. 8 slabs of the 16.8-sigma melt box: 2.1 < 2.8) gets its ghosts
+from further away: hop ``j`` along an axis forwards the ghosts received at hop ``j - 1`` that
+are still within the slab (LAMMPS's multiple swaps per dimension; ``DomainSpec.hops``,
+``ceil(slab / sub-box)``, at most ``MAX_HOPS``). Axes the mesh
 does not split have no ghosts (``DomainSpec.ghost_axes``): the block's cell grid wraps around
 the box there, as on one device (``cell_layout``; short boxes fall back to ghosts everywhere). Each ghost
 carries its wrapped position (for distances, with the minimum image, exactly as on one
@@ -40,9 +44,12 @@ the positions at the last build (``ref_position``), which gives the same list as
 a regrow does not change the trajectory. The host checks the atom count and the ids at
 every frame; a mismatch is a ``SimulationError`` naming the step ("lost atoms").
 
-Requirements: every split sub-box must be at least ``cutoff + skin`` thick (else ghosts
-would need a second hop and atoms could skip a device) and the box at least twice that
-(minimum image), checked by ``check_mesh``.
+Requirements (``check_mesh``): every split sub-box at least ``min_sub_box``: a third of
+``cutoff + skin`` (ghosts come from at most ``MAX_HOPS`` = 3 devices away) and the skin
+(a migrating atom moves one device); the box at least twice ``cutoff + skin`` (minimum
+image). When a ghost slab wraps around a short box, a block may receive two images of
+one atom, or images of its own atoms: the neighbour build keeps only the image that
+equals the minimum image (``neighbors.build``), so no pair is counted twice.
 """
 
 from __future__ import annotations
@@ -69,12 +76,11 @@ from simpar.particles.potentials import PairPotential
 from simpar.particles.space import Space, displacement, volume, wrap
 
 ENGINES = ("local", "pmap", "shard_map")
-N_STAGES = 6  # ghost exchanges: (x down, x up, y down, y up, z down, z up)
 _BIG = np.iinfo(np.int32).max
 MARGIN = 1e-3  # ghost slabs are (1 + MARGIN) * (cutoff + skin) thick: round-off slack
-# layout of DomainLists.needed
-NEED_OWNED, NEED_MIGRATE, NEED_SEND, NEED_NBR, NEED_COL = 0, 1, 2, 2 + N_STAGES, 3 + N_STAGES
-N_NEEDS = 4 + N_STAGES
+MAX_HOPS = 3  # ghosts travel at most this many devices along an axis (sub-box >= radius / 3)
+# layout of DomainLists.needed: owned, migrate, one entry per ghost stage, neighbours, column
+NEED_OWNED, NEED_MIGRATE, NEED_SEND, NEED_NBR, NEED_COL = 0, 1, 2, -2, -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +91,8 @@ class DomainSpec:
       grid: the device grid (1 to 3 axes; axis ``a`` splits spatial axis ``a``).
       capacity: owned-atom slots per device.
       migrate: slots per direction and axis for atoms changing device at a rebuild.
-      send: ghost slots sent per stage (x down, x up, y down, y up, z down, z up).
+      send: ghost slots sent per stage, in the order of ``stages`` (x down, x up for each
+        hop along x, then y, then z; 0 along axes without ghosts).
       nbr: neighbour layout over the ``capacity + sum(send)`` owned + ghost slots, rows for
         the owned slots only, cells over the block's sub-box grown by the ghost slabs.
       n_atoms: atoms in the whole system (ids are ``0 .. n_atoms - 1``).
@@ -94,6 +101,8 @@ class DomainSpec:
         when an unsplit one is too short for a wrapping cell grid. Along an unsplit axis
         without ghosts the block's cell grid wraps around the box (as on one device): no
         ghost is copied and no pair is computed twice there.
+      hops: ghost hops per axis, ``ceil(slab / sub-box)`` (1 along axes without ghosts): a
+        sub-box thinner than the ghost slab gets its ghosts from up to ``hops`` devices away.
     """
 
     grid: DeviceGrid
@@ -104,6 +113,13 @@ class DomainSpec:
     n_atoms: int
     skin: float
     ghost_axes: tuple[bool, bool, bool] = (True, True, True)
+    hops: tuple[int, int, int] = (1, 1, 1)
+
+    @property
+    def stages(self) -> tuple[tuple[int, int, int], ...]:
+        """The ghost exchanges in order: ``(axis, hop, direction)``; ``hops[a]`` hops of two
+        directions (-1: to the lower neighbour, +1: to the upper) per axis."""
+        return tuple((a, j, d) for a in range(3) for j in range(self.hops[a]) for d in (-1, 1))
 
     @property
     def n_ghosts(self) -> int:
@@ -150,12 +166,12 @@ class DomainLists(NamedTuple):
     """Ghosts and neighbour list of one device, fixed between rebuilds (a pytree).
 
     Attributes:
-      sends: 6 int32[S_k] slot indices sent at each stage (into owned + earlier ghosts;
-        ``capacity + ghosts so far`` marks an unused entry).
+      sends: int32[S_k] slot indices sent at each stage of ``DomainSpec.stages`` (into
+        owned + earlier ghosts; ``capacity + ghosts so far`` marks an unused entry).
       ghost_ids: int32[G] global ids of the ghost slots (-1 unused).
       ghost_position: float[G, 3] current wrapped positions of the ghosts.
       idx: int32[C, M] neighbour list of the owned atoms over owned + ghost slots.
-      needed: int32[N_NEEDS] largest need of every capacity seen (all devices).
+      needed: int32[len(spec.capacities())] largest need of every capacity seen (all devices).
       overflow: bool[] some capacity was exceeded (all devices; sticky).
       lost: bool[] atoms went missing or jumped more than one sub-box (all devices).
       n_builds: int32[] neighbour builds so far.
@@ -256,54 +272,71 @@ def _bounds(spec: DomainSpec, comm, box, a: int):
 
 
 def _borders(spec: DomainSpec, comm, box, ref, ids):
-    """Select and exchange the ghosts (at a rebuild), axis by axis.
+    """Select and exchange the ghosts (at a rebuild), axis by axis, hop by hop.
+
+    Hop 0 of an axis sends the atoms (owned and ghosts of earlier axes) within the slab of
+    each face; hop ``j`` forwards, of the atoms received at hop ``j - 1`` from the same
+    direction, those still within the slab of this device's face (a sub-box thinner than
+    the slab needs atoms from ``j + 1`` devices away). Periodic images are shifted by the
+    box length whenever a packet crosses the box edge.
 
     Returns:
-      (sends, ext_ref, ext_image, ext_ids, counts): the 6 send index arrays, the wrapped
-      reference positions, periodic images and ids of owned + ghost slots, and the number
-      of atoms each stage wanted to send.
+      (sends, ext_ref, ext_image, ext_ids, counts): the send index arrays of every stage,
+      the wrapped reference positions, periodic images and ids of owned + ghost slots, and
+      the number of atoms each stage wanted to send.
     """
     rl = spec.nbr.radius * (1.0 + MARGIN)
     e_ref, e_img, e_ids = ref, ref, ids
     sends, counts = [], []
     for a in range(3):
         if not spec.ghost_axes[a]:
-            sends += [jnp.zeros(0, jnp.int32)] * 2
-            counts += [jnp.int32(0)] * 2
+            sends += [jnp.zeros(0, jnp.int32)] * (2 * spec.hops[a])
+            counts += [jnp.int32(0)] * (2 * spec.hops[a])
             continue
         n = _extent(comm, a)
         c = _coord(comm, a)
         length = box[a]
         lo, hi = _bounds(spec, comm, box, a)
-        valid = e_ids >= 0
-        x = e_img[:, a]
-        recv = []
-        for k, direction in enumerate((-1, +1)):
-            mask = valid & ((x < lo + rl) if direction < 0 else (x >= hi - rl))
-            idx, cnt = _select(mask, spec.send[2 * a + k])
-            sends.append(idx)
-            counts.append(cnt)
-            wraps = (c == 0) if direction < 0 else (c == n - 1)
-            shift = jnp.where(wraps, -direction * length, 0.0).astype(e_img.dtype)
-            img = _take(e_img, idx).at[:, a].add(shift)
-            packet = jnp.concatenate([_take(e_ref, idx), img], axis=1)
-            packet = _send(comm, a, direction, packet)
-            recv.append(
-                (packet[:, :3], packet[:, 3:], _send(comm, a, direction, _take(e_ids, idx, -1)))
-            )
-        e_ref = jnp.concatenate([e_ref] + [r[0] for r in recv])
-        e_img = jnp.concatenate([e_img] + [r[1] for r in recv])
-        e_ids = jnp.concatenate([e_ids] + [r[2] for r in recv])
+        prev = None  # (start, size) of the packets the last hop received, per direction
+        for j in range(spec.hops[a]):
+            n_ext = e_ids.shape[0]
+            x = e_img[:, a]
+            recv = []
+            for k, direction in enumerate((-1, +1)):
+                cap = spec.send[len(sends)]
+                mask = (e_ids >= 0) & ((x < lo + rl) if direction < 0 else (x >= hi - rl))
+                if prev is None:
+                    idx, cnt = _select(mask, cap)
+                else:
+                    start, size = prev[k]
+                    idx, cnt = _select(mask[start : start + size], cap)
+                    idx = jnp.where(idx < size, idx + start, n_ext)
+                sends.append(idx)
+                counts.append(cnt)
+                wraps = (c == 0) if direction < 0 else (c == n - 1)
+                shift = jnp.where(wraps, -direction * length, 0.0).astype(e_img.dtype)
+                img = _take(e_img, idx).at[:, a].add(shift)
+                packet = jnp.concatenate([_take(e_ref, idx), img], axis=1)
+                packet = _send(comm, a, direction, packet)
+                recv.append(
+                    (packet[:, :3], packet[:, 3:], _send(comm, a, direction, _take(e_ids, idx, -1)))
+                )
+            down = recv[0][2].shape[0]
+            prev = ((n_ext, down), (n_ext + down, recv[1][2].shape[0]))
+            e_ref = jnp.concatenate([e_ref] + [r[0] for r in recv])
+            e_img = jnp.concatenate([e_img] + [r[1] for r in recv])
+            e_ids = jnp.concatenate([e_ids] + [r[2] for r in recv])
     return tuple(sends), e_ref, e_img, e_ids, jnp.stack(counts)
 
 
-def _forward(comm, sends, pos):
+def _forward(spec: DomainSpec, comm, sends, pos):
     """Ghost positions by the recorded send indices (every step between rebuilds)."""
     ext = pos
-    for a in range(3):
-        if sends[2 * a].shape[0] + sends[2 * a + 1].shape[0] == 0:
+    for i in range(0, len(sends), 2):  # the two directions of one hop along one axis
+        if sends[i].shape[0] + sends[i + 1].shape[0] == 0:
             continue  # an axis without ghosts
-        recv = [_send(comm, a, direction, _take(ext, sends[2 * a + k]))
+        a = spec.stages[i][0]
+        recv = [_send(comm, a, direction, _take(ext, sends[i + k]))
                 for k, direction in enumerate((-1, +1))]  # fmt: skip
         ext = jnp.concatenate([ext] + recv)
     return ext[pos.shape[0] :]
@@ -325,7 +358,7 @@ def _relist(spec: DomainSpec, comm, space: Space, state: DomainState, n_builds, 
     lost = comm.pmax(lost.astype(jnp.int32)) > 0
     lost = lost | ((total != spec.n_atoms) & ~overflow)
     return DomainLists(
-        sends, e_ids[spec.capacity :], _forward(comm, sends, state.position), nb.idx, needed,
+        sends, e_ids[spec.capacity :], _forward(spec, comm, sends, state.position), nb.idx, needed,
         overflow, lost, n_builds + 1,
     )  # fmt: skip
 
@@ -387,7 +420,7 @@ def _step(ensemble, spec: DomainSpec, comm, space, pot, params, state: DomainSta
 
     def forward(_):
         moved = state._replace(position=r, velocity=v)
-        return moved, lists._replace(ghost_position=_forward(comm, lists.sends, r))
+        return moved, lists._replace(ghost_position=_forward(spec, comm, lists.sends, r))
 
     s, lists = lax.cond(rebuild, relist, forward, None)
     valid = s.ids >= 0
@@ -493,8 +526,14 @@ class _Mapper:
 
 
 # ------------------------------------------------------------------------------ host side
-def check_mesh(grid_shape, box, radius: float, key: str = "--mesh") -> None:
-    """Refuse sub-boxes thinner than the list radius and boxes below twice it.
+def min_sub_box(radius: float, skin: float) -> float:
+    """The thinnest sub-box a split axis may have (sigma): ghosts reach ``MAX_HOPS``
+    devices and migrating atoms one (an atom moves about ``skin / 2`` between builds)."""
+    return max(radius * (1.0 + MARGIN) / MAX_HOPS, float(skin))
+
+
+def check_mesh(grid_shape, box, radius: float, skin: float = 0.0, key: str = "--mesh") -> None:
+    """Refuse sub-boxes thinner than ``min_sub_box`` (a third of cutoff + skin).
 
     Raises:
       ConfigError: naming the mesh, the box and the smallest allowed sub-box.
@@ -502,17 +541,27 @@ def check_mesh(grid_shape, box, radius: float, key: str = "--mesh") -> None:
     box = np.asarray(box, np.float64)
     shape = tuple(grid_shape) + (1,) * (3 - len(grid_shape))
     sub = box / np.asarray(shape)
-    thin = [a for a in range(3) if shape[a] > 1 and sub[a] < radius]
+    least = min_sub_box(radius, skin)
+    thin = [a for a in range(3) if shape[a] > 1 and sub[a] < least]
     if thin:
         mesh = "x".join(map(str, grid_shape))
         raise ConfigError(
             key,
             f"mesh {mesh} cuts the box {np.round(box, 4).tolist()} into sub-boxes "
-            f"{np.round(sub, 4).tolist()}, thinner than cutoff + skin = {radius:g} along "
-            f"{', '.join('xyz'[a] for a in thin)}; the smallest allowed sub-box is {radius:g} "
-            f"(at most {[int(b // radius) for b in box]} devices per axis): use fewer devices "
+            f"{np.round(sub, 4).tolist()}, thinner along {', '.join('xyz'[a] for a in thin)} "
+            f"than the smallest allowed sub-box {least:.4g} (ghost atoms come from at most "
+            f"{MAX_HOPS} devices away: (cutoff + skin) / {MAX_HOPS} = {radius:g} / {MAX_HOPS}; "
+            f"at most {[int(b // least) for b in box]} devices per axis): use fewer devices "
             "along that axis or a larger system",
         )
+
+
+def ghost_hops(grid_shape, box, radius: float, ghost_axes) -> tuple[int, int, int]:
+    """Hops per axis that bring every ghost: ``ceil(slab / sub-box)`` along ghost axes."""
+    shape3 = tuple(grid_shape) + (1,) * (3 - len(grid_shape))
+    sub = np.asarray(box, np.float64) / np.asarray(shape3)
+    rl = radius * (1.0 + MARGIN)
+    return tuple(int(math.ceil(rl / sub[a])) if ghost_axes[a] else 1 for a in range(3))
 
 
 def _round8(x) -> int:
@@ -606,7 +655,7 @@ def empty_lists(spec: DomainSpec, dtype) -> DomainLists:
         tuple(rep(np.full(k, cap, np.int32)) for k in spec.send),
         rep(np.full(g, -1, np.int32)), rep(np.zeros((g, 3), dtype)),
         rep(np.full((cap, spec.nbr.max_neighbors), ext, np.int32)),
-        rep(np.zeros(N_NEEDS, np.int32)), rep(False), rep(False), rep(np.int32(0)),
+        rep(np.zeros(len(spec.capacities()), np.int32)), rep(False), rep(False), rep(np.int32(0)),
     )  # fmt: skip
 
 
@@ -642,7 +691,12 @@ def make_spec(grid: DeviceGrid, box, n_atoms: int, *, cutoff: float, skin: float
     """The static layout for given capacities (``cell_layout``'s ghost axes and cells)."""
     radius = float(cutoff) + float(skin)
     ghost_axes, cells, reach, width, _ = cell_layout(grid.shape, box, radius)
-    send = tuple(int(s) if ghost_axes[i // 2] else 0 for i, s in enumerate(send))
+    hops = ghost_hops(grid.shape, box, radius, ghost_axes)
+    stages = DomainSpec(grid, 0, 0, (), None, 0, 0.0, ghost_axes, hops).stages
+    send = (int(send),) * len(stages) if np.ndim(send) == 0 else tuple(send)
+    if len(send) != len(stages):
+        raise ValueError(f"send needs {len(stages)} capacities (one per stage), got {len(send)}")
+    send = tuple(int(s) if ghost_axes[st[0]] else 0 for s, st in zip(send, stages, strict=True))
     n_ext = int(capacity) + int(sum(send))
     wrap = None if all(ghost_axes) else tuple(not g for g in ghost_axes)
     nspec = NeighborSpec(
@@ -650,7 +704,7 @@ def make_spec(grid: DeviceGrid, box, n_atoms: int, *, cutoff: float, skin: float
         int(column_capacity), (0.0, 0.0, 0.0), width, int(block), int(capacity), wrap,
     )  # fmt: skip
     return DomainSpec(grid, int(capacity), int(migrate), send, nspec, int(n_atoms),
-                      float(skin), ghost_axes)  # fmt: skip
+                      float(skin), ghost_axes, hops)  # fmt: skip
 
 
 def _guess(grid: DeviceGrid, box, position, radius: float, skin: float, factor: float
@@ -673,6 +727,7 @@ def _guess(grid: DeviceGrid, box, position, radius: float, skin: float, factor: 
     pos = np.mod(np.asarray(position, np.float64), box)
     pos = np.where(pos >= box, 0.0, pos)
     ghost_axes, cells, reach, width, _ = cell_layout(grid.shape, box, radius)
+    hops = ghost_hops(grid.shape, box, radius, ghost_axes)
     rl = radius * (1.0 + MARGIN)
     sub = box / np.asarray(shape3)
     # every periodic image an extended sub-box can hold (ghost axes: -L, 0, +L)
@@ -680,25 +735,30 @@ def _guess(grid: DeviceGrid, box, position, radius: float, skin: float, factor: 
                                   indexing="ij"), -1).reshape(-1, 3) * box  # fmt: skip
     img = (pos[None] + shifts[:, None]).reshape(-1, 3)
     rho = n / float(np.prod(box))
-    owned, send, col = 0, np.zeros(6), 0
+    stages = DomainSpec(grid, 0, 0, (), None, 0, 0.0, ghost_axes, hops).stages
+    owned, send, col = 0, np.zeros(len(stages)), 0
     for d in range(grid.size):
         lo = np.asarray(np.unravel_index(d, shape3)) * sub
         hi = lo + sub
         inside = (img >= lo) & (img < hi)
         grown = np.where(ghost_axes, (img >= lo - rl) & (img < hi + rl), True)
         owned = max(owned, int(np.sum(np.all(inside, axis=1))))
-        for a in range(3):
+        for i, (a, j, direction) in enumerate(stages):
             if not ghost_axes[a]:
                 continue
-            # stage a sends from the owned atoms and the ghosts of the earlier axes
+            # axis a sends from the owned atoms and the ghosts of the earlier axes; hop j
+            # (re)sends the atoms of the sub-box j devices away within the face's slab
             region = np.ones(len(img), bool)
             for b in range(3):
                 region &= grown[:, b] if b < a else inside[:, b] if b > a else True
-            slab = inside[:, a] & region
+            x = img[:, a]
+            if direction < 0:
+                slab = (x >= lo[a] + j * sub[a]) & (x < lo[a] + (j + 1) * sub[a]) & (x < lo[a] + rl)
+            else:
+                slab = (x < hi[a] - j * sub[a]) & (x >= hi[a] - (j + 1) * sub[a]) & (x >= hi[a] - rl)
             area = float(np.prod(np.where(np.arange(3) < a, sub + 2 * rl, sub)[np.arange(3) != a]))
-            mean = rho * area * min(rl, sub[a])
-            for k, face in enumerate((img[:, a] < lo[a] + rl, img[:, a] >= hi[a] - rl)):
-                send[2 * a + k] = max(send[2 * a + k], np.sum(slab & face), mean)
+            mean = rho * area * max(min(rl - j * sub[a], sub[a]), 0.0)
+            send[i] = max(send[i], np.sum(slab & region), mean)
         if cells is not None:  # the fullest window of 2 * reach + 1 cells along z
             mine = img[np.all(grown, axis=1)]
             origin = np.where(ghost_axes, lo - rl, 0.0)
@@ -739,7 +799,7 @@ def grow(spec: DomainSpec, needed, factor: float) -> dict:
     need = np.asarray(needed)
     have = spec.capacities()
     over = need > have
-    sends = slice(NEED_SEND, NEED_SEND + N_STAGES)
+    sends = slice(NEED_SEND, NEED_NBR)
     if over[sends].any():
         over[sends] = need[sends] > 0.8 * have[sends]
     new = [max(_round8(factor * int(x)), _round8(1.5 * int(h))) if o else int(h)
@@ -956,7 +1016,7 @@ def make_domain_simulation(
     n = position.shape[0]
     box = np.asarray(space.box, np.float64)
     radius = float(pot.cutoff) + float(skin)
-    check_mesh(mesh, box, radius)
+    check_mesh(mesh, box, radius, float(skin))
     position = np.asarray(wrap(space, position))
     key = jax.random.PRNGKey(0) if key is None else key
     g = {

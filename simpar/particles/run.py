@@ -371,7 +371,8 @@ def run_config(
       The run summary (``simpar.io.meta.run_summary``, the same keys for every model):
       ``initial`` / ``final`` are the thermo values at the first and last step, ``rate``
       is in atom-steps/s, ``details`` holds ``n_atoms``, ``energy_drift`` (final minus
-      initial total energy per atom), ``regrows`` and ``neighbor_builds``.
+      initial total energy per atom), ``regrows``, ``neighbor_builds`` and ``ghost_hops``
+      (per axis on pmap/shard_map, else None).
 
     Raises:
       ConfigError: invalid config (no output file is created).
@@ -406,7 +407,7 @@ def run_config(
                 f"engine {cfg['engine']!r} cuts a periodic box into sub-boxes; free space "
                 "runs on 'single' or 'sharded'",
             )
-        domain.check_mesh(cfg["mesh"], box, cfg["cutoff"] + cfg["skin"])
+        domain.check_mesh(cfg["mesh"], box, cfg["cutoff"] + cfg["skin"], cfg["skin"])
     if ck is not None:
         step0 = int(ck.get("start_step", step0))
         if ck_step >= step0 + cfg["steps"]:
@@ -585,5 +586,6 @@ def run_config(
             "energy_drift": th["total_energy"] - th0["total_energy"],
             "regrows": sim.regrows,
             "neighbor_builds": sim.builds if decomposed else int(sim.nbrs.n_builds),
+            "ghost_hops": list(sim.spec.hops) if decomposed else None,
         },
     )
