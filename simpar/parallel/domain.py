@@ -298,7 +298,7 @@ def _borders(spec: DomainSpec, comm, box, ref, ids):
         length = box[a]
         lo, hi = _bounds(spec, comm, box, a)
         prev = None  # (start, size) of the packets the last hop received, per direction
-        for j in range(spec.hops[a]):
+        for _ in range(spec.hops[a]):
             n_ext = e_ids.shape[0]
             x = e_img[:, a]
             recv = []
@@ -752,10 +752,9 @@ def _guess(grid: DeviceGrid, box, position, radius: float, skin: float, factor: 
             for b in range(3):
                 region &= grown[:, b] if b < a else inside[:, b] if b > a else True
             x = img[:, a]
-            if direction < 0:
-                slab = (x >= lo[a] + j * sub[a]) & (x < lo[a] + (j + 1) * sub[a]) & (x < lo[a] + rl)
-            else:
-                slab = (x < hi[a] - j * sub[a]) & (x >= hi[a] - (j + 1) * sub[a]) & (x >= hi[a] - rl)
+            # distance from the receiving face into this sub-box
+            depth = (x - lo[a]) if direction < 0 else (hi[a] - x)
+            slab = (depth >= j * sub[a]) & (depth < (j + 1) * sub[a]) & (depth < rl)
             area = float(np.prod(np.where(np.arange(3) < a, sub + 2 * rl, sub)[np.arange(3) != a]))
             mean = rho * area * max(min(rl - j * sub[a], sub[a]), 0.0)
             send[i] = max(send[i], np.sum(slab & region), mean)
