@@ -302,8 +302,13 @@ def build(
     if ids is None:
         idx = jnp.sort(idx, axis=1)  # the sentinel n sorts last
     else:
-        key = jnp.concatenate([ids.astype(jnp.int32), jnp.full(1, _BIG, jnp.int32)])[idx]
-        idx = jax.lax.sort((key, idx), dimension=1, num_keys=1)[1]
+        # sort by each slot's rank in id order: a one-array int32 sort of the rows, as
+        # without ids (sorting (id, slot) pairs costs 2.5x the whole build on XLA:CPU);
+        # ids within a row are distinct, so the rank order is the id order
+        by_id = jnp.argsort(jnp.where(ids >= 0, ids, _BIG), stable=True).astype(jnp.int32)
+        by_id = jnp.concatenate([by_id, jnp.full(1, n, jnp.int32)])  # the sentinel n stays n
+        rank = jnp.zeros(n + 1, jnp.int32).at[by_id].set(jnp.arange(n + 1, dtype=jnp.int32))
+        idx = by_id[jnp.sort(rank[idx], axis=1)]
     needed = jnp.stack([jnp.max(cnt), jnp.max(col)]).astype(jnp.int32)
     overflow = needed[0] > m
     if spec.cells is not None:
