@@ -18,6 +18,11 @@ spatially decomposed engines (``simpar.parallel.domain``) on meshes of 1, 2 and 
 (8 virtual CPU devices share the cores: that measures the decomposition's overhead), with
 ratios to ``single`` from the same run, and the time split of one ``single`` step into
 neighbour build, forces, integration and (for the 1x1x1 decomposition) the ghost exchange.
+``--processes 2`` runs the engines as 2 processes of one CPU device each, joined by
+``jax.distributed`` (gloo), like 2 MPI ranks: XLA:CPU runs the virtual devices of one
+process one after another (a pmap of two equal blocks takes twice one block), so only
+separate processes measure what two devices on two cores give. ``single`` then runs as its
+own 1-process, 1-device job for the ratios.
 ``--comm`` reports the collectives in the compiled ``sharded`` LJ chunk (HLO) and the bytes
 they move per step, beside the bytes of the ghost exchange of the decomposition.
 """
@@ -26,7 +31,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import socket
+import subprocess
+import sys
 import time
 
 import jax
@@ -224,6 +233,37 @@ def collectives(cells: int = 10, n_dev: int = 8, mesh=(2, 2, 2)) -> dict:
     }
 
 
+def _processes(args) -> dict:
+    """Run the engines as ``args.processes`` processes of one CPU device each (and
+    ``single`` as one 1-device process); process 0's JSON of each job."""
+
+    def job(n: int, engines: str) -> dict:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [sys.executable, __file__, "--cells", str(args.cells), "--chunk", str(args.chunk),
+               "--repeats", str(args.repeats), "--skin", str(args.skin), "--dtypes", args.dtypes,
+               "--engines", engines, "--coordinator", f"127.0.0.1:{port}",
+               "--num-processes", str(n)]  # fmt: skip
+        procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE,
+                                  text=True, env=dict(os.environ))  # fmt: skip
+                 for i in range(n)]  # fmt: skip
+        outs = [p.communicate()[0] for p in procs]
+        if any(p.returncode for p in procs):
+            raise SystemExit(f"a benchmark process failed: {[p.returncode for p in procs]}")
+        return json.loads(outs[0][outs[0].index("{\n") :])
+
+    engines = [e for e in args.engines.split(",") if e != "single"]
+    one, many = job(1, "single"), job(args.processes, ",".join(engines))
+    out = {"processes": args.processes, "devices_per_process": 1}
+    for name in args.dtypes.split(","):
+        res = {"single": one[name]["single"], **many[name]}
+        for r in res.values():
+            r["ratio_to_single"] = r["atom_steps_per_s"] / res["single"]["atom_steps_per_s"]
+        out[name] = res
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=20)
@@ -238,7 +278,25 @@ def main() -> None:
     )
     ap.add_argument("--split", action="store_true", help="time split of a single step")
     ap.add_argument("--comm", action="store_true", help="sharded HLO collectives vs ghosts")
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="run the engines as this many 1-device processes (jax.distributed)",
+    )
+    ap.add_argument("--coordinator", help=argparse.SUPPRESS)  # set for the worker processes
+    ap.add_argument("--num-processes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.coordinator:  # a worker: one CPU device of a multi-process run
+        from simpar.parallel import distributed
+
+        jax.config.update("jax_num_cpu_devices", 1)
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    elif args.processes > 1:
+        print(json.dumps({"benchmark": "LAMMPS in.lj, engines as processes",
+                          "jax": jax.__version__, **_processes(args)}, indent=1))  # fmt: skip
+        return
     out = {
         "benchmark": "LAMMPS in.lj, single engine",
         "jax": jax.__version__,
