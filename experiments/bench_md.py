@@ -127,17 +127,29 @@ def _best(fn, *args, repeats=5):
     return best
 
 
-def bench_engine(engine: str, mesh, dtype, cells: int, chunk: int, repeats: int) -> dict:
-    """Atom-steps/s of one engine (best chunk after a compiling warm-up chunk)."""
+def bench_engines(engines: list[str], dtype, cells: int, chunk: int, repeats: int) -> dict:
+    """Atom-steps/s of each engine (``name`` or ``name:devices``): every engine compiles
+    with a warm-up chunk, then the engines take turns, one chunk each per round, and each
+    keeps its best chunk. All engines follow the same trajectory, so round ``k`` times the
+    same steps (the same rebuilds) on every engine, and a slow moment of the machine hits
+    them all alike."""
     r, v, spc, pot = _system(dtype, cells)
     n = r.shape[0]
-    if engine == "single":
-        sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3)
-    else:
-        sim = domain.make_domain_simulation(engine, mesh, spc, pot, r, v, dt=0.005, skin=0.3)
-    sim.advance(chunk)  # compiles
-    best = best_chunk(sim, chunk, repeats)
-    return {"atom_steps_per_s": n * chunk / best, "regrows": sim.regrows}
+    sims = {}
+    for eng in engines:
+        engine, _, m = eng.partition(":")
+        if engine == "single":
+            sims[eng] = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3)
+        else:
+            sims[eng] = domain.make_domain_simulation(engine, (int(m),), spc, pot, r, v,
+                                                      dt=0.005, skin=0.3)  # fmt: skip
+        sims[eng].advance(chunk)  # compiles
+    best = dict.fromkeys(sims, float("inf"))
+    for _ in range(repeats):
+        for eng, sim in sims.items():
+            best[eng] = min(best[eng], best_chunk(sim, chunk, 1))
+    return {eng: {"atom_steps_per_s": n * chunk / best[eng], "regrows": sims[eng].regrows}
+            for eng in sims}  # fmt: skip
 
 
 def time_split(dtype, cells: int) -> dict:
@@ -314,12 +326,9 @@ def main() -> None:
         if not args.engines:
             out[name] = bench(dtype, args.cells, args.chunk, args.repeats, args.skin)
             continue
-        res = {}
-        for eng in args.engines.split(","):
-            engine, _, m = eng.partition(":")
-            mesh = (int(m),) if m else None
-            res[eng] = bench_engine(engine, mesh, dtype, args.cells, args.chunk, args.repeats)
-            print(name, eng, res[eng], flush=True)
+        res = bench_engines(args.engines.split(","), dtype, args.cells, args.chunk, args.repeats)
+        for eng, r in res.items():
+            print(name, eng, r, flush=True)
         if "single" in res:
             for r in res.values():
                 r["ratio_to_single"] = r["atom_steps_per_s"] / res["single"]["atom_steps_per_s"]
