@@ -16,14 +16,18 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import math
+
 import h5py
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from simpar.config import dumps
 from simpar.errors import ConfigError
 from simpar.parallel import domain
+from simpar.parallel.hlo import collectives
 from simpar.particles import lattice, md, potentials, space
 from simpar.particles.run import run_config
 
@@ -100,6 +104,39 @@ def test_thin_sub_boxes_get_ghosts_in_several_hops(engine, mesh, cells, steps, h
     th, ref_th = sim.thermo(), ref.thermo()
     for k in KEYS:
         assert th[k] == pytest.approx(ref_th[k], rel=1e-10, abs=1e-12), k
+
+
+@pytest.mark.parametrize("mesh", [(8,), (2, 4), (4, 2), (2, 2, 2)], ids=str)
+def test_compiled_chunk_moves_only_ghosts_and_migrating_atoms(mesh):
+    """The compiled shard_map chunk (``lj_melt.toml``'s 4,000 atoms; (8,) with two hops):
+    its only collectives are collective-permutes, none larger than one ghost stage's or one
+    migration's packet, and all-reduces of the few scalars and capacity counts; no
+    all-gather of positions (what the ``sharded`` engine does)."""
+    r, v, spc, pot = lj(cells=(10, 10, 10), temperature=3.0)
+    sim = domain.make_domain_simulation("shard_map", mesh, spc, pot, r, v, dt=0.005, skin=0.3)
+    spec = sim.spec
+    text = (
+        sim._fn("chunk")
+        .lower(sim.state, sim.lists, spc, pot, sim.params, jnp.int32(10), False)
+        .compile()
+        .as_text()
+    )
+    found = collectives(text)
+    assert {c.op for c in found} == {"collective-permute", "all-reduce"}
+    # per device: a ghost stage sends wrapped + image positions (6), migration 10 columns
+    packet = max(6 * max(spec.send), 10 * spec.migrate)
+    assert packet < 3 * r.shape[0]  # less than every position of the system
+    permutes = 0
+    for c in found:
+        for _dtype, dims in c.shapes:
+            n = math.prod(dims)
+            if c.op == "all-reduce":
+                assert n <= len(spec.capacities()), (dims, c.computation)
+            else:
+                permutes += 1
+                assert n <= packet, (dims, packet, c.computation)
+    # borders (2 arrays), forward (1) and migration (2) per stage or split axis and direction
+    assert permutes >= 3 * sum(1 for k in spec.send if k)
 
 
 def test_pileup_regrows_and_never_loses_an_atom():
