@@ -95,25 +95,16 @@ def make_params(dt: float, kt: float = 0.0, gamma: float = 0.0, dtype=None) -> M
     return MDParams(a(dt), a(kt), a(gamma))
 
 
-def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, others=None):
-    """Forces, pair energy and virial from a full neighbour list.
+ROW_BLOCK_CPU = 1024  # neighbour rows per pass on CPU (see ``pair_forces``)
 
-    Args:
-      pot: pair potential.
-      space: the space.
-      r: float[N, 3] positions (sigma) of the particles whose forces are wanted.
-      idx: int32[N, M] neighbour indices into ``others``, padded with ``len(others)``.
-      energy: static; False returns the force alone (the time steps need nothing else,
-        and the two extra reductions cost ~40% of the kernel on CPU).
-      others: float[K, 3] positions of the neighbours (default ``r``); a domain block
-        passes its owned atoms followed by its ghosts.
 
-    Returns:
-      (force float[N, 3], e_pair scalar, virial scalar); each pair is seen twice in a
-      full list, hence the factors 1/2 (in a domain block: the block's share). Only the
-      force when ``energy`` is False.
-    """
-    src = r if others is None else others
+def _row_block() -> int | None:
+    """Rows per pass of the force kernel: ``ROW_BLOCK_CPU`` on CPU, None (one pass) on
+    accelerators, whose kernels want all rows at once."""
+    return ROW_BLOCK_CPU if jax.default_backend() == "cpu" else None
+
+
+def _pair_rows(pot, space, r, idx, src, energy: bool):
     n = src.shape[0]
     mask = idx < n
     # Structure-of-arrays gathers (one coordinate at a time) vectorise better on CPU
@@ -132,6 +123,46 @@ def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, o
     if not energy:
         return force
     return force, 0.5 * jnp.sum(e), 0.5 * jnp.sum(f_over_r * r2)
+
+
+def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, others=None,
+                block: int | None = -1):  # fmt: skip
+    """Forces, pair energy and virial from a full neighbour list.
+
+    Args:
+      pot: pair potential.
+      space: the space.
+      r: float[N, 3] positions (sigma) of the particles whose forces are wanted.
+      idx: int32[N, M] neighbour indices into ``others``, padded with ``len(others)``.
+      energy: static; False returns the force alone (the time steps need nothing else,
+        and the two extra reductions cost ~40% of the kernel on CPU).
+      others: float[K, 3] positions of the neighbours (default ``r``); a domain block
+        passes its owned atoms followed by its ghosts.
+      block: rows per pass (static): the kernel runs over ``block`` rows at a time
+        (``lax.map``), so its (rows, M) temporaries stay in cache: on CPU 4x faster than
+        one pass over 32,000 x 96 slots, the same forces bit for bit. -1 (default): 1,024
+        on CPU, one pass on accelerators; None: one pass.
+
+    Returns:
+      (force float[N, 3], e_pair scalar, virial scalar); each pair is seen twice in a
+      full list, hence the factors 1/2 (in a domain block: the block's share). Only the
+      force when ``energy`` is False.
+    """
+    src = r if others is None else others
+    block = _row_block() if block == -1 else block
+    n_rows = r.shape[0]
+    if block is None or n_rows <= block:
+        return _pair_rows(pot, space, r, idx, src, energy)
+    nb = -(-n_rows // block)
+    pad = nb * block - n_rows
+    rb = jnp.concatenate([r, jnp.zeros((pad, 3), r.dtype)]).reshape(nb, block, 3)
+    fill = jnp.full((pad, idx.shape[1]), src.shape[0], idx.dtype)
+    ib = jnp.concatenate([idx, fill]).reshape(nb, block, idx.shape[1])
+    out = jax.lax.map(lambda a: _pair_rows(pot, space, a[0], a[1], src, energy), (rb, ib))
+    if not energy:
+        return out.reshape(nb * block, 3)[:n_rows]
+    force, e, w = out
+    return force.reshape(nb * block, 3)[:n_rows], jnp.sum(e), jnp.sum(w)
 
 
 def compute_forces(spec: NeighborSpec, space: Space, pot: PairPotential, state: MDState,
