@@ -13,10 +13,9 @@ Budget: about 2 minutes on 2 CPU cores, mostly compilation.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
-
-import math
 
 import h5py
 import jax
