@@ -83,6 +83,17 @@ MAX_HOPS = 3  # ghosts travel at most this many devices along an axis (sub-box >
 NEED_OWNED, NEED_MIGRATE, NEED_SEND, NEED_NBR, NEED_COL = 0, 1, 2, -2, -1
 
 
+def _shape3(grid_shape) -> tuple[int, int, int]:
+    """A device-grid shape of 1 to 3 axes as 3 axes (missing axes are 1)."""
+    return tuple(grid_shape) + (1,) * (3 - len(grid_shape))
+
+
+def _stages(hops) -> tuple[tuple[int, int, int], ...]:
+    """The ghost exchanges in order: ``(axis, hop, direction)``, ``hops[a]`` hops of two
+    directions (-1: to the lower neighbour, +1: to the upper) per axis."""
+    return tuple((a, j, d) for a in range(3) for j in range(hops[a]) for d in (-1, 1))
+
+
 @dataclasses.dataclass(frozen=True)
 class DomainSpec:
     """Static layout of a decomposed run (hashable; changing any field recompiles).
@@ -117,9 +128,8 @@ class DomainSpec:
 
     @property
     def stages(self) -> tuple[tuple[int, int, int], ...]:
-        """The ghost exchanges in order: ``(axis, hop, direction)``; ``hops[a]`` hops of two
-        directions (-1: to the lower neighbour, +1: to the upper) per axis."""
-        return tuple((a, j, d) for a in range(3) for j in range(self.hops[a]) for d in (-1, 1))
+        """The ghost exchanges in order (``_stages``): ``(axis, hop, direction)``."""
+        return _stages(self.hops)
 
     @property
     def n_ghosts(self) -> int:
@@ -129,7 +139,7 @@ class DomainSpec:
     @property
     def shape3(self) -> tuple[int, int, int]:
         """The device grid as 3 axes (missing axes are 1)."""
-        return tuple(self.grid.shape) + (1,) * (3 - self.grid.ndim)
+        return _shape3(self.grid.shape)
 
     def capacities(self) -> np.ndarray:
         """The capacities in the layout of ``DomainLists.needed``."""
@@ -539,7 +549,7 @@ def check_mesh(grid_shape, box, radius: float, skin: float = 0.0, key: str = "--
       ConfigError: naming the mesh, the box and the smallest allowed sub-box.
     """
     box = np.asarray(box, np.float64)
-    shape = tuple(grid_shape) + (1,) * (3 - len(grid_shape))
+    shape = _shape3(grid_shape)
     sub = box / np.asarray(shape)
     least = min_sub_box(radius, skin)
     thin = [a for a in range(3) if shape[a] > 1 and sub[a] < least]
@@ -558,7 +568,7 @@ def check_mesh(grid_shape, box, radius: float, skin: float = 0.0, key: str = "--
 
 def ghost_hops(grid_shape, box, radius: float, ghost_axes) -> tuple[int, int, int]:
     """Hops per axis that bring every ghost: ``ceil(slab / sub-box)`` along ghost axes."""
-    shape3 = tuple(grid_shape) + (1,) * (3 - len(grid_shape))
+    shape3 = _shape3(grid_shape)
     sub = np.asarray(box, np.float64) / np.asarray(shape3)
     rl = radius * (1.0 + MARGIN)
     return tuple(int(math.ceil(rl / sub[a])) if ghost_axes[a] else 1 for a in range(3))
@@ -671,7 +681,7 @@ def cell_layout(grid_shape, box, radius: float):
       extent float[3]: the span of the cell grid (sigma)).
     """
     rl = radius * (1.0 + MARGIN)
-    shape3 = tuple(grid_shape) + (1,) * (3 - len(grid_shape))
+    shape3 = _shape3(grid_shape)
     box = np.asarray(box, np.float64)
     split = np.asarray(shape3) > 1
     for ghosts in (split, np.ones(3, bool)):
@@ -692,7 +702,7 @@ def make_spec(grid: DeviceGrid, box, n_atoms: int, *, cutoff: float, skin: float
     radius = float(cutoff) + float(skin)
     ghost_axes, cells, reach, width, _ = cell_layout(grid.shape, box, radius)
     hops = ghost_hops(grid.shape, box, radius, ghost_axes)
-    stages = DomainSpec(grid, 0, 0, (), None, 0, 0.0, ghost_axes, hops).stages
+    stages = _stages(hops)
     send = (int(send),) * len(stages) if np.ndim(send) == 0 else tuple(send)
     if len(send) != len(stages):
         raise ValueError(f"send needs {len(stages)} capacities (one per stage), got {len(send)}")
@@ -721,7 +731,7 @@ def _guess(grid: DeviceGrid, box, position, radius: float, skin: float, factor: 
     """
     from scipy.spatial import cKDTree
 
-    shape3 = tuple(grid.shape) + (1,) * (3 - grid.ndim)
+    shape3 = _shape3(grid.shape)
     box = np.asarray(box, np.float64)
     n = int(np.shape(position)[0])
     pos = np.mod(np.asarray(position, np.float64), box)
@@ -735,7 +745,7 @@ def _guess(grid: DeviceGrid, box, position, radius: float, skin: float, factor: 
                                   indexing="ij"), -1).reshape(-1, 3) * box  # fmt: skip
     img = (pos[None] + shifts[:, None]).reshape(-1, 3)
     rho = n / float(np.prod(box))
-    stages = DomainSpec(grid, 0, 0, (), None, 0, 0.0, ghost_axes, hops).stages
+    stages = _stages(hops)
     owned, send, col = 0, np.zeros(len(stages)), 0
     for d in range(grid.size):
         lo = np.asarray(np.unravel_index(d, shape3)) * sub

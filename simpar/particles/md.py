@@ -104,15 +104,15 @@ def _row_block() -> int | None:
     return ROW_BLOCK_CPU if jax.default_backend() == "cpu" else None
 
 
-def _pair_rows(pot, space, r, idx, src, energy: bool):
-    n = src.shape[0]
-    mask = idx < n
+def _pair_rows(pot, space, r, idx, cols, energy: bool):
+    """``pair_forces`` for rows ``r`` (float[B, 3]) against ``cols``: the neighbours'
+    coordinates one axis at a time, each float[K + 1] ending with the padding entry."""
+    mask = idx < cols[0].shape[0] - 1
     # Structure-of-arrays gathers (one coordinate at a time) vectorise better on CPU
     # than gathering (N, M, 3) rows.
     comps, r2 = [], jnp.zeros(idx.shape, r.dtype)
     for d in range(3):
-        x = jnp.concatenate([src[:, d], jnp.zeros(1, r.dtype)])
-        dx = r[:, d, None] - x[idx]
+        dx = r[:, d, None] - cols[d][idx]
         if space.periodic:
             box = space.box[d].astype(r.dtype)
             dx = dx - box * jnp.round(dx * (1.0 / box))  # one division, not one per pair
@@ -149,16 +149,17 @@ def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, o
       force when ``energy`` is False.
     """
     src = r if others is None else others
+    cols = [jnp.concatenate([src[:, d], jnp.zeros(1, r.dtype)]) for d in range(3)]
     block = _row_block() if block == -1 else block
     n_rows = r.shape[0]
     if block is None or n_rows <= block:
-        return _pair_rows(pot, space, r, idx, src, energy)
+        return _pair_rows(pot, space, r, idx, cols, energy)
     nb = -(-n_rows // block)
     pad = nb * block - n_rows
     rb = jnp.concatenate([r, jnp.zeros((pad, 3), r.dtype)]).reshape(nb, block, 3)
     fill = jnp.full((pad, idx.shape[1]), src.shape[0], idx.dtype)
     ib = jnp.concatenate([idx, fill]).reshape(nb, block, idx.shape[1])
-    out = jax.lax.map(lambda a: _pair_rows(pot, space, a[0], a[1], src, energy), (rb, ib))
+    out = jax.lax.map(lambda a: _pair_rows(pot, space, a[0], a[1], cols, energy), (rb, ib))
     if not energy:
         return out.reshape(nb * block, 3)[:n_rows]
     force, e, w = out
