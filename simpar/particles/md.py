@@ -140,8 +140,10 @@ def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, o
         passes its owned atoms followed by its ghosts.
       block: rows per pass (static): the kernel runs over ``block`` rows at a time
         (``lax.map``), so its (rows, M) temporaries stay in cache: on CPU 4x faster than
-        one pass over 32,000 x 96 slots, the same forces bit for bit. -1 (default): 1,024
-        on CPU, one pass on accelerators; None: one pass.
+        one pass over 32,000 x 96 slots. The forces equal one pass's bit for bit with FMA
+        off (as the tests run); with FMA on XLA may contract differently per pass (float32:
+        4e-7 of the largest force). -1 (default): 1,024 on CPU, one pass on accelerators;
+        None: one pass.
 
     Returns:
       (force float[N, 3], e_pair scalar, virial scalar); each pair is seen twice in a
