@@ -72,6 +72,26 @@ class Comm:
         """Sum over the devices that differ only along grid ``axes`` (rows/columns)."""
         raise NotImplementedError
 
+    def all_to_all(self, x, axis: int, split_axis: int, concat_axis: int):
+        """Transpose among the devices that differ only along grid ``axis`` (the FFT's step).
+
+        Each device cuts ``x`` into ``extent(axis)`` equal chunks along ``split_axis`` and
+        sends chunk ``j`` to the device at coordinate ``j`` along ``axis``; the chunks it
+        receives are joined along ``concat_axis`` in the order of their senders' coordinates.
+        Every device sends and receives one block in all.
+
+        Args:
+          x: block, any shape and dtype; ``x.shape[split_axis]`` divisible by
+            ``extent(axis)``.
+          axis: grid axis whose devices exchange.
+          split_axis, concat_axis: array axes of ``x``.
+
+        Returns:
+          ``x.shape`` with ``split_axis`` divided and ``concat_axis`` multiplied by
+          ``extent(axis)``.
+        """
+        raise NotImplementedError
+
 
 class LocalComm(Comm):
     """The block is the whole domain on every axis."""
@@ -99,6 +119,9 @@ class LocalComm(Comm):
 
     def psum_over(self, x, axes: Sequence[int]):
         return x
+
+    def all_to_all(self, x, axis: int, split_axis: int, concat_axis: int):
+        return x  # one device along every axis: the block already holds every chunk
 
 
 class PmapComm(Comm):
@@ -143,6 +166,16 @@ class PmapComm(Comm):
             return self.psum(x)
         return lax.psum(x, self.axis_name, axis_index_groups=self.grid.groups(axes))
 
+    def all_to_all(self, x, axis: int, split_axis: int, concat_axis: int):
+        # one flat pmap axis: the devices of one grid row/column form one axis_index_group
+        # (members in increasing flat index = increasing coordinate along ``axis``)
+        if self.grid.shape[axis] == 1:
+            return x
+        groups = None if self.grid.shape[axis] == self.grid.size else self.grid.groups((axis,))
+        return lax.all_to_all(
+            x, self.axis_name, split_axis, concat_axis, axis_index_groups=groups, tiled=True
+        )
+
 
 class ShardMapComm(Comm):
     """Neighbours and reductions under ``jax.shard_map`` on a mesh named ``grid.axis_names``."""
@@ -173,6 +206,11 @@ class ShardMapComm(Comm):
     def psum_over(self, x, axes: Sequence[int]):
         names = tuple(self.names[a] for a in axes)
         return lax.psum(x, names) if names else x
+
+    def all_to_all(self, x, axis: int, split_axis: int, concat_axis: int):
+        if self.grid.shape[axis] == 1:
+            return x
+        return lax.all_to_all(x, self.names[axis], split_axis, concat_axis, tiled=True)
 
 
 class BlockedComm(Comm):
