@@ -338,10 +338,17 @@ def global_ops(plan: FFTPlan, mesh: Mesh | None = None) -> SpectralOps:
     real-layout ``NamedSharding`` it compiles to the plan's all-to-alls and nothing else.
     ``freq`` gives global frequency vectors (XLA slices them where they are used).
     """
-    if mesh is None:
+    if mesh is None:  # one device: jnp.fft itself (bitwise equal to it)
         if math.prod(plan.mesh) != 1:
             raise ConfigError("--mesh", f"mesh {_fmt(plan.mesh)} needs a device mesh")
-        return block_ops(plan, "single")
+        axes = tuple(range(-plan.ndim, 0))
+        if plan.real:
+            fwd = lambda x: jnp.fft.rfftn(x, axes=axes)  # noqa: E731
+            inv = lambda k: jnp.fft.irfftn(k, s=plan.shape, axes=axes)  # noqa: E731
+        else:
+            fwd = lambda x: jnp.fft.fftn(x, axes=axes)  # noqa: E731
+            inv = lambda k: jnp.fft.ifftn(k, axes=axes)  # noqa: E731
+        return SpectralOps(fwd, inv, lambda a: global_freq(plan, a), plan)
     comm = ShardMapComm(DeviceGrid(plan.mesh, (True,) * plan.ndim))
 
     def forward(x):
