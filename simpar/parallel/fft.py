@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
@@ -365,7 +365,15 @@ def global_ops(plan: FFTPlan, mesh: Mesh | None = None) -> SpectralOps:
         )
         return f(k)
 
-    return SpectralOps(forward, inverse, lambda a: global_freq(plan, a), plan)
+    def freq(axis):
+        # laid out like the Fourier data along ``axis``: the multipliers built from it are then
+        # computed where the data sit (unconstrained, XLA all-gathered pieces of them)
+        entries = [None] * plan.ndim
+        entries[axis] = plan.spec(True)[axis]
+        sharding = NamedSharding(mesh, P(*entries))
+        return lax.with_sharding_constraint(global_freq(plan, axis), sharding)
+
+    return SpectralOps(forward, inverse, freq, plan)
 
 
 def global_freq(plan: FFTPlan, axis: int) -> jax.Array:
