@@ -114,7 +114,13 @@ def test_hlo_moves_only_block_sized_all_to_alls(shape, mesh, real):
     x = jax.device_put(u, NamedSharding(m, plan.spec(False)))
     ops = F.global_ops(plan, m)
     sm = F.blockwise(F.block_ops(plan, "shard_map").forward, plan, "shard_map", False, True)
-    for name, fn, arg in [("sharded", jax.jit(ops.forward), x), ("shard_map", sm, x)]:
+    pm = jax.pmap(F.block_ops(plan, "pmap").forward, axis_name=F.PMAP_AXIS)
+    cases = [
+        ("sharded", jax.jit(ops.forward), x),
+        ("shard_map", sm, x),
+        ("pmap", pm, F.split_blocks(u, plan, False)),
+    ]
+    for name, fn, arg in cases:
         text = fn.lower(arg).compile().as_text()
         n = count(text)
         assert n["all-to-all"] == plan.n_transposes, (name, n)
