@@ -406,7 +406,10 @@ def make_ops(engine: str, shape: Sequence[int], mesh: Sequence[int] = (1,), real
 
 
 def device_mesh(mesh: Sequence[int], devices=None) -> Mesh:
-    """An ``AxisType.Auto`` mesh named ``x, y, z`` over the first ``prod(mesh)`` devices."""
+    """An ``AxisType.Auto`` mesh named ``x, y, z`` over the first ``prod(mesh)`` devices.
+
+    Raises:
+      ConfigError: on ``--mesh`` when there are fewer devices than ``prod(mesh)``."""
     devices = list(jax.devices() if devices is None else devices)
     n = math.prod(mesh)
     if n > len(devices):
