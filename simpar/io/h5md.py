@@ -66,6 +66,10 @@ import numpy as np
 
 import simpar
 from simpar.io.files import create_hdf5, ensure_space
+from simpar.io.h5md_read import _particles_group
+from simpar.io.h5md_read import check_box as check_box  # the reader, re-exported
+from simpar.io.h5md_read import n_frames as n_frames
+from simpar.io.h5md_read import read_frame as read_frame
 from simpar.io.meta import author
 
 UNITS = {
@@ -308,7 +312,7 @@ class H5MDWriter:
         """
         f = h5py.File(path, "a")
         try:
-            g = _particles_group(f, None)
+            g = _particles_group(f, None, "--resume")
             pos = g["position"]
             total = min(pos["value"].shape[0], pos["step"].shape[0])
             steps = pos["step"][:total]
@@ -371,94 +375,3 @@ class H5MDWriter:
                 f"failed: {exc}" if isinstance(exc, Exception) else "failed: interrupted"
             )
         self.close()
-
-
-def _particles_group(f: h5py.File, group: str | None):
-    parts = f.get("particles")
-    if parts is None or not len(parts):
-        raise ValueError(f"{f.filename}: no /particles group (not an H5MD file?)")
-    if group is None:
-        group = "trajectory" if "trajectory" in parts else sorted(parts)[0]
-    if group not in parts:
-        raise ValueError(f"{f.filename}: no particles group {group!r} ({sorted(parts)})")
-    return parts[group]
-
-
-def _frame_of(element, frame):
-    value = element["value"] if isinstance(element, h5py.Group) else element
-    if isinstance(element, h5py.Group):  # time-dependent
-        return np.asarray(value[frame])
-    return np.asarray(value[()])
-
-
-def n_frames(path: str | os.PathLike, group: str | None = None) -> int:
-    """Number of complete frames (frames whose ``step`` was written)."""
-    with h5py.File(path, "r") as f:
-        pos = _particles_group(f, group)["position"]
-        return min(pos["value"].shape[0], pos["step"].shape[0])
-
-
-def read_frame(path: str | os.PathLike, frame: int = -1, group: str | None = None) -> dict:
-    """One frame of an H5MD file (ours or another code's), as NumPy arrays.
-
-    Args:
-      path: the file.
-      frame: frame index (negative counts from the last complete frame).
-      group: particles group (default ``trajectory``, else the first one).
-
-    Returns:
-      dict with ``position`` [N,3], ``velocity`` [N,3] or None, ``force`` or None,
-      ``box`` [3] (None without edges), ``boundary`` (list of str), ``step`` (int),
-      ``time`` (float), ``mass`` [N] or None, ``rng_key`` uint32[2] or None, and
-      ``observables`` (dict of floats at that frame), ``unit_system`` (``"lj"``,
-      ``"nbody"``, ``"SI"``, ... or None). Values are not unit-converted.
-
-    Raises:
-      ValueError: the file has no particles group, no position, or not that frame.
-    """
-    with h5py.File(path, "r") as f:
-        g = _particles_group(f, group)
-        if "position" not in g:
-            raise ValueError(f"{path}: no position element in {g.name}")
-        pos = g["position"]
-        total = min(pos["value"].shape[0], pos["step"].shape[0])
-        if total == 0:
-            raise ValueError(f"{path}: no complete frame")
-        k = frame + total if frame < 0 else frame
-        if not 0 <= k < total:
-            raise ValueError(f"{path}: frame {frame} out of range (file has {total})")
-        out = {
-            "position": np.asarray(pos["value"][k]),
-            "step": int(pos["step"][k]) if pos["step"].ndim else int(pos["step"][()]),
-            "n_frames": total,
-        }
-        t = pos["time"]
-        out["time"] = float(t[k]) if t.ndim else float(t[()]) * out["step"]
-        for name in ("velocity", "force"):
-            out[name] = np.asarray(g[name]["value"][k]) if name in g else None
-        box = g.get("box")
-        boundary = ["periodic"] * 3
-        out["box"] = None
-        if box is not None:
-            b = box.attrs.get("boundary", boundary)
-            boundary = [x.decode() if isinstance(x, bytes) else str(x) for x in b]
-            if "edges" in box:
-                edges = _frame_of(box["edges"], k)
-                out["box"] = np.diag(edges) if edges.ndim == 2 else edges
-        out["boundary"] = boundary
-        out["mass"] = np.asarray(g["mass"][()]) if "mass" in g else None
-        params = f.get("parameters")
-        key = params.get("rng_key") if params is not None else None
-        out["rng_key"] = np.asarray(key["value"][k]) if key is not None else None
-        obs = {}
-        for name, el in f.get("observables", {}).items():
-            if isinstance(el, h5py.Group) and "value" in el and el["value"].ndim == 1:
-                if el["value"].shape[0] > k:
-                    obs[name] = float(el["value"][k])
-        out["observables"] = obs
-        mod = f.get("h5md/modules/units")
-        system = mod.attrs.get("system") if mod is not None else None
-        if system is None and params is not None:
-            system = params.attrs.get("unit_system")
-        out["unit_system"] = system.decode() if isinstance(system, bytes) else system
-        return out

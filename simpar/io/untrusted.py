@@ -30,7 +30,7 @@ def _name(obj) -> str:
     return obj.name if getattr(obj, "name", None) else "/"
 
 
-def child(group: h5py.Group, name: str, path, key: str, *, dataset: bool = True):
+def child(group: h5py.Group, name: str, path, key: str, *, dataset: bool | None = True):
     """``group[name]`` after checking that it is a hard link (never followed outside the file).
 
     Args:
@@ -38,7 +38,8 @@ def child(group: h5py.Group, name: str, path, key: str, *, dataset: bool = True)
       name: the member's name in ``group``.
       path: the file (named in errors).
       key: the option or config key named in errors (``"--resume"``, ``"system.file"``).
-      dataset: whether the member must be a dataset (else a group).
+      dataset: whether the member must be a dataset (True), a group (False) or either
+        (None).
 
     Returns:
       The ``h5py.Dataset`` or ``h5py.Group``.
@@ -58,6 +59,8 @@ def child(group: h5py.Group, name: str, path, key: str, *, dataset: bool = True)
             "could point simpar at another file's data)",
         )
     obj = group[name]
+    if dataset is None:
+        return obj
     want = h5py.Dataset if dataset else h5py.Group
     if not isinstance(obj, want):
         raise ConfigError(
