@@ -120,6 +120,7 @@ def read_frame(
         frame_bytes = n * 3 * value.dtype.itemsize
         if n < 1:
             raise ConfigError(key, f"{path}: {value.name} holds no particles")
+        untrusted.check_size(frame_bytes, value.name, path, key)  # before the other elements
         els = {"position": (value, step, time)}
         for name in ("velocity", "force"):
             if g.get(name, getlink=True) is not None:
