@@ -201,7 +201,12 @@ def test_grid_files_state_their_units_for_every_variable(runs):
     assert wave.u.attrs["units"] == "m" and wave.energy.attrs["units"] == "m4 s-2"
 
 
-def test_particle_files_open_in_mdanalysis_and_state_reduced_units(runs):
+def test_particle_files_open_in_mdanalysis_and_state_reduced_units(runs, tmp_path):
+    """Issue 17 item 8: reduced-unit files claim no Angstrom/ps; MDAnalysis opens them with
+    the README's call and returns the stored numbers; files written before the change
+    (compatibility labels "A"/"ps") still read with simpar's own reader."""
+    import shutil
+
     import h5py
     import MDAnalysis
 
@@ -214,20 +219,40 @@ def test_particle_files_open_in_mdanalysis_and_state_reduced_units(runs):
     }  # fmt: skip
     for name, (system, length, time_, obs) in truth.items():
         path = runs[name][0]
-        u = MDAnalysis.Universe(str(path))  # no extra arguments
+        with pytest.raises(ValueError, match="readable units"):  # nothing to convert from
+            MDAnalysis.Universe(str(path))
+        with h5py.File(path) as f:
+            n = f["particles/trajectory/position/value"].shape[1]
+        u = MDAnalysis.Universe(str(path), n_atoms=n, convert_units=False)  # README's call
+        assert set(u.trajectory.units.values()) == {None}  # not Angstrom, not ps
         with h5py.File(path) as f:
             stored = f["particles/trajectory/position/value"][-1]
+            t_stored = f["particles/trajectory/position/time"][-1]
             assert f["h5md/modules/units"].attrs["system"] == system
-            assert "compatibility labels" in f["h5md/modules/units"].attrs["description"]
+            assert "Angstrom" not in f["h5md/modules/units"].attrs["description"]
             assert f["h5md/author"].attrs["name"] == "anonymous"
-            pos = f["particles/trajectory/position"]
+            traj = f["particles/trajectory"]
+            for el in ("position/value", "position/time", "velocity/value", "box/edges/value"):
+                assert "unit" not in traj[el].attrs, (name, el)
+                assert traj[el].attrs["reduced_unit"], (name, el)
+            pos = traj["position"]
             assert _h5md_unit(pos["value"]) == length and _h5md_unit(pos["time"]) == time_
             for k, unit in obs.items():
                 assert f["observables"][k]["value"].attrs["unit"] == unit
             assert "host" not in f["parameters"].attrs and "author" not in f["parameters"].attrs
         u.trajectory[-1]
         np.testing.assert_allclose(u.atoms.positions, stored, rtol=1e-6)  # nothing converted
-        assert h5md.read_frame(path)["unit_system"] == system
+        assert u.trajectory.ts.time == pytest.approx(t_stored)
+        fr = h5md.read_frame(path)
+        assert fr["unit_system"] == system
+        old = tmp_path / f"old_{name}.h5md"  # as written before: compatibility labels
+        shutil.copy(path, old)
+        with h5py.File(old, "a") as f:
+            traj = f["particles/trajectory"]
+            traj["position/value"].attrs["unit"] = "A"
+            traj["position/time"].attrs["unit"] = "ps"
+            traj["box/edges/value"].attrs["unit"] = "A"
+        np.testing.assert_array_equal(h5md.read_frame(old)["position"], fr["position"])
 
 
 def test_version_and_run_help_list_models_and_exit_codes(capsys):

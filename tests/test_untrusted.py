@@ -33,9 +33,12 @@ def _cli(*args, rlimit_as=None, timeout=300):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     prefix = ["-m", "simpar"]
     if rlimit_as is not None:
-        prefix = ["-c", "import os, resource, sys; "
-                  f"resource.setrlimit(resource.RLIMIT_AS, ({rlimit_as}, {rlimit_as})); "
-                  "os.execv(sys.executable, [sys.executable, '-m', 'simpar', *sys.argv[1:]])"]  # fmt: skip
+        code = (
+            f"import os, resource, sys; limit = {int(rlimit_as)}; "
+            "resource.setrlimit(resource.RLIMIT_AS, (limit, limit)); "
+            "os.execv(sys.executable, [sys.executable, '-m', 'simpar', *sys.argv[1:]])"
+        )
+        prefix = ["-c", code]
     return subprocess.run(
         [sys.executable, *prefix, *args],
         capture_output=True,

@@ -34,22 +34,29 @@ by 9e-16 sigma after 10 steps, 2e-15 after 50 and 1e-11 after 550 in float64; 1e
 are unaffected; for an exact continuation use ``simpar run --resume``, which restores the
 neighbour-list state from the checkpoint (``simpar.particles.checkpoint``).
 
-Units (decision): simpar works in reduced units (Lennard-Jones: sigma, tau, epsilon, m;
-N-body: Henon units), for which neither H5MD nor MDAnalysis has a name, and MDAnalysis
-refuses a file whose position/velocity/force/time carry no ``unit`` it knows unless called
-with extra arguments. So that ``MDAnalysis.Universe(path)`` opens the file and returns
-exactly the stored reduced numbers, those four elements and the box carry MDAnalysis's
-*base* units as ``unit`` (``"A"``, ``"ps"``, ``"A ps-1"``, ``"kJ mol-1 Angstrom-1"``: no
-conversion is applied). Everything else states the truth where tools look:
+Units (decision, changed in 0.x: see README "Output files", migration note): simpar works in
+reduced units (Lennard-Jones: sigma, tau, epsilon, m; N-body: Henon units L, T, M), for which
+neither H5MD nor MDAnalysis has a name. H5MD makes the ``unit`` attribute optional ("may
+carry"), so position, velocity, force, time and box edges carry **no** ``unit``: nothing in
+the file claims Angstrom or picoseconds (files before this change carried the compatibility
+labels ``"A"`` / ``"ps"``; simpar's reader ignores ``unit`` and still reads them). The truth
+is stated where tools look:
 
 - ``/h5md/modules/units`` (the H5MD 1.1 units module): ``system`` (``"lj"`` or
-  ``"nbody"``) and ``description`` (the unit symbols and what the compatibility labels
-  stand for); ``/parameters`` repeats ``unit_system``;
+  ``"nbody"``) and ``description`` (the unit symbols); ``/parameters`` repeats
+  ``unit_system``;
 - every element carries ``reduced_unit`` in the system's symbols (``"sigma"``,
   ``"sigma tau-1"``, ``"tau"``, ``"epsilon sigma-1"``; N-body ``"L"``, ``"L T-1"``, ``"T"``);
 - observables carry their true ``unit`` (``"epsilon"``, ``"epsilon kB-1"``,
   ``"epsilon sigma-3"``; MDAnalysis reads observables without converting them);
 - ``simpar plot`` labels axes with ``reduced_unit``; ``read_frame`` returns ``unit_system``.
+
+MDAnalysis (2.11, checked by tests/test_api.py) refuses a trajectory without units unless
+told not to convert, and its ``Universe(path, convert_units=False)`` fails in its topology
+step (the keyword reaches ``H5MDReader.parse_n_atoms``), so the call that opens a simpar file
+and returns exactly the stored reduced numbers, with ``u.trajectory.units`` all None, is
+``MDAnalysis.Universe(path, n_atoms=N, convert_units=False)`` with N =
+``position/value.shape[1]`` (``MDANALYSIS_CALL``).
 
 Crash safety: a frame is appended to every element first, then ``step`` and ``time`` are
 written last (the commit marker) and the file is flushed, so a killed run leaves a
@@ -72,13 +79,19 @@ from simpar.io.h5md_read import n_frames as n_frames
 from simpar.io.h5md_read import read_frame as read_frame
 from simpar.io.meta import author
 
+# element -> (unit, reduced_unit): no ``unit`` for reduced quantities (H5MD: optional)
 UNITS = {
-    "position": ("A", "sigma"),
-    "velocity": ("A ps-1", "sigma tau-1"),
-    "force": ("kJ mol-1 Angstrom-1", "epsilon sigma-1"),
-    "edges": ("A", "sigma"),
-    "time": ("ps", "tau"),
+    "position": ("", "sigma"),
+    "velocity": ("", "sigma tau-1"),
+    "force": ("", "epsilon sigma-1"),
+    "edges": ("", "sigma"),
+    "time": ("", "tau"),
 }
+#: how MDAnalysis opens a simpar H5MD file (values unconverted, in the file's reduced units)
+MDANALYSIS_CALL = (
+    "MDAnalysis.Universe(path, n_atoms=h5py.File(path)['particles/trajectory/position/value']"
+    ".shape[1], convert_units=False)"
+)
 OBS_UNITS = {  # true units of the LJ observables (energies per atom, as LAMMPS prints)
     "temperature": "epsilon kB-1",
     "potential_energy": "epsilon",
@@ -88,14 +101,13 @@ OBS_UNITS = {  # true units of the LJ observables (energies per atom, as LAMMPS 
 }
 UNIT_SYSTEMS = {
     "lj": "Lennard-Jones reduced units: length sigma, energy epsilon, mass m, time "
-    "tau = sigma sqrt(m / epsilon), temperature epsilon / kB. The 'unit' labels A, ps, "
-    "A ps-1 and kJ mol-1 Angstrom-1 on position, time, velocity, force and box are "
-    "compatibility labels for MDAnalysis: read them as sigma, tau, sigma tau-1 and "
-    "epsilon sigma-1 (see each element's reduced_unit).",
+    "tau = sigma sqrt(m / epsilon), temperature epsilon / kB. Position, velocity, force, "
+    "time and box carry no 'unit' (they are not in any physical unit): each element's "
+    "reduced_unit gives sigma, sigma tau-1, epsilon sigma-1 and tau. Open with " + MDANALYSIS_CALL,
     "nbody": "N-body (Henon) units: G = 1, total mass M = 1, total energy -1/4 for the "
-    "Plummer sphere (virial radius L = 1), time T = sqrt(L^3 / (G M)). The 'unit' labels "
-    "A, ps and A ps-1 are compatibility labels for MDAnalysis: read them as L, T and "
-    "L T-1 (see each element's reduced_unit).",
+    "Plummer sphere (virial radius L = 1), time T = sqrt(L^3 / (G M)). Position, "
+    "velocity, time and box carry no 'unit': each element's reduced_unit gives L, L T-1 "
+    "and T. Open with " + MDANALYSIS_CALL,
 }
 
 
@@ -186,7 +198,8 @@ class H5MDWriter:
             self.time = pos.create_dataset(
                 "time", (0,), maxshape=(None,), chunks=(chunk_frames,), dtype="f8"
             )
-            self.time.attrs["unit"] = UNITS["time"][0]
+            if UNITS["time"][0]:
+                self.time.attrs["unit"] = UNITS["time"][0]
             self.time.attrs["reduced_unit"] = UNITS["time"][1]
             self._link(pos)
             if velocity:
