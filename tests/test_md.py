@@ -204,7 +204,7 @@ def test_h5md_written_and_opened_by_mdanalysis(tmp_path):
 
     # a state exported by another code (MDAnalysis's own H5MD writer, float32) continues
     other = str(tmp_path / "other.h5md")
-    with MDAnalysis.Writer(other, n_atoms=500, velocities=True) as w:
+    with MDAnalysis.Writer(other, n_atoms=500, velocities=True, convert_units=False) as w:
         w.write(u.atoms)  # the last frame
     cont = small_config(tmp_path, **{"output.path": str(tmp_path / "c.h5md")})
     cont["system"] = {"init": "h5md", "file": other}
