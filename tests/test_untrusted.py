@@ -172,8 +172,15 @@ def heat_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("heat")
     out = tmp / "run.nc"
     sets = ["grid.shape=[16,16]", "time.dt=1e-4", "output.every=2"]
-    r = _cli("run", "experiments/heat2d.toml", "--steps", "4", "--out", str(out),
-             *sum((["--set", s] for s in sets), []))  # fmt: skip
+    r = _cli(
+        "run",
+        "experiments/heat2d.toml",
+        "--steps",
+        "4",
+        "--out",
+        str(out),
+        *sum((["--set", s] for s in sets), []),
+    )
     assert r.returncode == 0, r.stderr
     return out, sets
 
@@ -187,8 +194,16 @@ def test_resume_from_a_crafted_checkpoint_exits_2_naming_the_dataset(heat_run, c
     ck.write_bytes(checkpoint.checkpoint_path(out).read_bytes())
     build, names, _ = CRAFTED[case]
     _rewrite(ck, lambda f, g: build(f, g, tmp_path))
-    r = _cli("run", "experiments/heat2d.toml", "--steps", "8", "--out", str(run), "--resume",
-             *sum((["--set", s] for s in sets), []))  # fmt: skip
+    r = _cli(
+        "run",
+        "experiments/heat2d.toml",
+        "--steps",
+        "8",
+        "--out",
+        str(run),
+        "--resume",
+        *sum((["--set", s] for s in sets), []),
+    )
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and names in r.stderr and str(ck) in r.stderr
 
@@ -199,8 +214,14 @@ def test_resume_from_a_crafted_checkpoint_exits_2_naming_the_dataset(heat_run, c
 def _h5md(path: Path, n: int = 8, edges=(4.0, 4.0, 4.0)) -> Path:
     rng = np.random.default_rng(0)
     with h5md.H5MDWriter(path, n, dtype="float64", rng_key=True, mass=np.ones(n)) as w:
-        w.append(0, 0.0, rng.random((n, 3)) * 4, box=np.asarray(edges), velocity=np.zeros((n, 3)),
-                 rng_key=np.zeros(2, np.uint32))  # fmt: skip
+        w.append(
+            0,
+            0.0,
+            rng.random((n, 3)) * 4,
+            box=np.asarray(edges),
+            velocity=np.zeros((n, 3)),
+            rng_key=np.zeros(2, np.uint32),
+        )
     return path
 
 
@@ -316,8 +337,15 @@ def test_available_memory_is_the_smallest_limit(tmp_path, monkeypatch):
 
 
 def test_ulimit_v_caps_a_grid_run():
-    r = _cli("run", "experiments/heat2d.toml", "--set", "grid.shape=[30000,30000]",
-             "--out", "/nonexistent/never.nc", rlimit_as=8 << 30)  # fmt: skip
+    r = _cli(
+        "run",
+        "experiments/heat2d.toml",
+        "--set",
+        "grid.shape=[30000,30000]",
+        "--out",
+        "/nonexistent/never.nc",
+        rlimit_as=8 << 30,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "grid.shape" in r.stderr and "RLIMIT_AS" in r.stderr and "GiB" in r.stderr
 
@@ -327,3 +355,19 @@ def test_device_count_cap():
     for bad in (0, 5000, 2.0, True):
         with pytest.raises(ConfigError, match="1 .. 4096"):
             memory.check_device_count(bad, "--mesh", 4096)
+
+
+def test_h5md_links_outside_the_read_elements_are_never_followed(tmp_path):
+    path = _h5md(tmp_path / "in.h5md")
+    other = _h5md(tmp_path / "other.h5md")
+    with h5py.File(path, "a") as f:  # informative parts pointing at another file: skipped
+        f["observables/extra/value"] = h5py.ExternalLink(str(other), "/observables")
+        del f["h5md/modules"]
+        f["h5md/modules"] = h5py.ExternalLink(str(other), "/h5md/modules")
+    fr = h5md.read_frame(path)
+    assert "extra" not in fr["observables"] and fr["unit_system"] == "lj"  # from /parameters
+    with h5py.File(path, "a") as f:  # a link to the particles: refused, naming it
+        del f["particles/trajectory"]
+        f["particles/trajectory"] = h5py.ExternalLink(str(other), "/particles/trajectory")
+    with pytest.raises(ConfigError, match="/particles/trajectory is an external link"):
+        h5md.read_frame(path)

@@ -25,8 +25,8 @@ def _particles_group(f: h5py.File, group: str | None, key: str = "system.file"):
     if not len(parts):
         raise ConfigError(key, f"{path}: no /particles group (not an H5MD file?)")
     if group is None:
-        group = "trajectory" if "trajectory" in parts else sorted(parts)[0]
-    if group not in parts:
+        group = "trajectory" if "trajectory" in list(parts) else sorted(parts)[0]
+    if group not in list(parts):  # names only: a membership test would follow links
         raise ConfigError(key, f"{path}: no particles group {group!r} ({sorted(parts)})")
     return untrusted.child(parts, group, path, key, dataset=False)
 
@@ -164,12 +164,13 @@ def read_frame(
                 if not isinstance(og.get(name, getlink=True), h5py.HardLink):
                     continue  # never followed; observables are informative only
                 el = og[name]
-                if not isinstance(el, h5py.Group) or "value" not in el:
+                if not isinstance(el, h5py.Group) or not isinstance(
+                    el.get("value", getlink=True), h5py.HardLink
+                ):
                     continue
-                v = el.get("value")
+                v = el["value"]
                 if (
                     isinstance(v, h5py.Dataset)
-                    and isinstance(el.get("value", getlink=True), h5py.HardLink)
                     and v.ndim == 1
                     and v.dtype.kind in "fiu"
                     and not v.is_virtual
@@ -179,10 +180,12 @@ def read_frame(
                     obs[name] = float(v[k])
         out["observables"] = obs
         system = None
-        if f.get("h5md", getlink=True) is not None and "modules" in f["h5md"]:
-            mod = f.get("h5md/modules/units")
-            if isinstance(mod, h5py.Group):
-                system = untrusted.attr(mod, "system", path, key, kinds="T", required=False)
+        mod = f
+        for part in ("h5md", "modules", "units"):  # hard links only, never followed out
+            link = mod.get(part, getlink=True) if isinstance(mod, h5py.Group) else None
+            mod = mod[part] if isinstance(link, h5py.HardLink) else None
+        if isinstance(mod, h5py.Group):
+            system = untrusted.attr(mod, "system", path, key, kinds="T", required=False)
         if system is None and params is not None:
             system = untrusted.attr(params, "unit_system", path, key, kinds="T", required=False)
         out["unit_system"] = system
@@ -211,18 +214,19 @@ def _boundary(box, path, key) -> list[str]:
     text = aid.dtype.kind == "S" or h5py.check_string_dtype(aid.dtype) is not None
     if not text or aid.shape not in ((3,), (1,), ()):
         raise ConfigError(
-            key, f"{path}: {box.name} attribute 'boundary' is {aid.dtype} {aid.shape}; "
-            "expected 3 strings"
-        )  # fmt: skip
+            key,
+            f"{path}: {box.name} attribute 'boundary' is {aid.dtype} {aid.shape}; "
+            "expected 3 strings",
+        )
     raw = np.atleast_1d(box.attrs["boundary"])
     out = [x.decode(errors="replace") if isinstance(x, bytes) else str(x) for x in raw]
     out = out * 3 if len(out) == 1 else out
     bad = [b for b in out if b not in ("periodic", "none")]
     if bad:
         raise ConfigError(
-            key, f"{path}: {box.name} attribute 'boundary' is {out}; each must be 'periodic' "
-            "or 'none'"
-        )  # fmt: skip
+            key,
+            f"{path}: {box.name} attribute 'boundary' is {out}; each must be 'periodic' or 'none'",
+        )
     return out
 
 
