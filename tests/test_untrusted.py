@@ -125,6 +125,11 @@ CRAFTED = {
     "soft link": (_soft_link, "/state/u", True),
     "string step": (_string_step, "'step'", True),
     "negative step": (_negative_step, "'step'", True),
+    "NaN state": (
+        lambda f, g, t: g.create_dataset("u", data=np.full(SHAPE, np.nan, np.float32)),
+        "/state/u",
+        False,
+    ),
 }
 
 

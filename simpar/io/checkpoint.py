@@ -123,8 +123,9 @@ def load(
     Args:
       path: the checkpoint file.
       expected: name -> (shape, dtype) of the arrays to read (a shape entry ``None``
-        accepts any length): each must exist with exactly that shape and dtype; other
-        members of ``/state`` are not read. ``None`` reads every member (particle runs).
+        accepts any length): each must exist with exactly that shape and dtype, and float
+        arrays must be finite; other members of ``/state`` are not read. ``None`` reads
+        every member (particle runs).
 
     Returns:
       (state: name -> NumPy array, step: int, config_text: str, model: str).
@@ -161,6 +162,16 @@ def load(
                 biggest = max(biggest, (size, ds.name))
             untrusted.check_size(total, biggest[1], path, key)
             state = {k: ds[()] for k, ds in datasets.items()}
+            for k, value in state.items():  # a run's state is finite (particle checkpoints
+                # use NaN as a "not set" marker, so only checked where ``expected`` is given)
+                if expected is not None and value.dtype.kind == "f":
+                    bad = int(np.count_nonzero(~np.isfinite(value)))
+                    if bad:
+                        raise ConfigError(
+                            key,
+                            f"{path}: dataset {datasets[k].name} holds {bad} non-finite "
+                            "values (NaN or inf); the checkpoint is damaged",
+                        )
             return state, step, text, model
     except ConfigError:
         raise
