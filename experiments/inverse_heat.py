@@ -17,7 +17,8 @@ Run (2 CPU cores; measured 26 s CPU for the three engines, ``--memory`` 18 s CPU
     python experiments/inverse_heat.py                               # shard_map, pmap, sharded
     python experiments/inverse_heat.py --engines single --devices 1
     python experiments/inverse_heat.py --memory --steps 2000 --chunk 50
-On N accelerators pass ``--mesh`` with N devices and leave out ``--devices``.
+On N accelerators pass ``--mesh`` with N devices and ``--devices 0``. Bad arguments exit 2
+with one line before JAX compiles anything.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 
 import jax
@@ -159,20 +161,107 @@ def gradient_memory(engine, params, u0, steps=2000, chunk=50, run=True):
     return out
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--engines", nargs="+", default=["shard_map", "pmap", "sharded"])
-    ap.add_argument("--mesh", default="2x4")
-    ap.add_argument("--devices", type=int, default=8, help="virtual CPU devices (CPU only)")
-    ap.add_argument("--shape", type=int, nargs=2, default=[32, 32])
+ENGINES = ("single", "pmap", "shard_map", "sharded")
+MAX_DEVICES = 4096
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments exit 2 with one line (no usage block, no traceback)."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (--help for usage)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _int_in(lo, hi=None):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            span = f">= {lo}" if hi is None else f"{lo} .. {hi}"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        return value
+
+    return parse
+
+
+def _mesh(text):
+    try:
+        mesh = tuple(int(m) for m in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must look like 8 or 2x4, got {text!r}") from None
+    if not 1 <= len(mesh) <= 2 or min(mesh) < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or 2 positive sizes (AxB), got {text!r}")
+    return mesh
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, checked before JAX compiles anything (exit 2 with one line)."""
+    ap = _Parser(prog="inverse_heat.py", description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--engines", nargs="+", choices=ENGINES, default=["shard_map", "pmap", "sharded"]
+    )
+    ap.add_argument("--mesh", type=_mesh, default=(2, 4), help="device grid, e.g. 2x4")
+    ap.add_argument(
+        "--devices",
+        type=_int_in(0, MAX_DEVICES),
+        default=8,
+        help="virtual CPU devices (CPU only; 0: leave JAX's count)",
+    )
+    ap.add_argument("--shape", type=_int_in(4, 65536), nargs=2, default=[32, 32])
     ap.add_argument("--memory", action="store_true", help="checkpointed long-run gradient")
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--chunk", type=int, default=50)
+    ap.add_argument("--steps", type=_int_in(1), default=2000, help="--memory: steps")
+    ap.add_argument("--chunk", type=_int_in(1), default=50, help="--memory: steps per chunk")
     args = ap.parse_args(argv)
+    mesh, shape = args.mesh, args.shape
+    engines = args.engines[:1] if args.memory else args.engines
+    if any(e != "single" for e in engines):
+        if args.devices and math.prod(mesh) > args.devices:
+            ap.error(
+                f"--mesh {args.mesh} needs {math.prod(mesh)} devices; --devices is {args.devices}"
+            )
+        for n, m, axis in zip(shape, mesh, "xy", strict=False):
+            if n % m or n // m < 2:
+                ap.error(
+                    f"--shape {shape[0]} {shape[1]}: {axis} has {n} cells, not a "
+                    f"multiple of {m} blocks of >= 2 (the halo): change --mesh or --shape"
+                )
+    if args.memory and args.steps % args.chunk:
+        ap.error(f"--steps {args.steps} must be a multiple of --chunk {args.chunk}")
+    # the gradient keeps the intermediates of every step (without remat) in float64
+    from simpar.errors import ConfigError
+    from simpar.memory import check_fits
+
+    steps = args.steps if args.memory else 40
+    try:
+        check_fits(
+            3 * steps * shape[0] * shape[1] * 8 + (256 << 20),
+            "--shape",
+            f"a gradient through {steps} steps of {shape[0]} x {shape[1]} float64",
+            "reduce --shape or --steps",
+        )
+    except ConfigError as err:
+        ap.error(str(err))
+    return args
+
+
+def main(argv=None):
+    """Recover D on each engine (or, with ``--memory``, measure the gradient's memory) and
+    print one JSON line per engine (see the module docstring)."""
+    args = parse_args(argv)
     if args.devices:  # affects the CPU backend only
         jax.config.update("jax_num_cpu_devices", args.devices)
     jax.config.update("jax_enable_x64", True)
-    mesh = tuple(int(m) for m in args.mesh.split("x"))
+    mesh = args.mesh
+    if any(e != "single" for e in args.engines) and math.prod(mesh) > len(jax.devices()):
+        print(
+            f"inverse_heat.py: error: --mesh needs {math.prod(mesh)} devices; JAX has "
+            f"{len(jax.devices())} {jax.default_backend()} devices",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     model, params, u0 = make_problem(tuple(args.shape))
     if args.memory:
         e = make_engine(args.engines[0], model, u0.shape, mesh, 2)

@@ -20,7 +20,9 @@ applied to its own output) on the held-out last third against the simulation.
 
 Run (2 CPU cores, measured 35 s CPU for 600 steps; needs optax: ``pip install "simpar[ml]"``):
     python experiments/train_surrogate.py                    # 8 virtual CPU devices
-    python experiments/train_surrogate.py --steps 2000 --version pmap
+    python experiments/train_surrogate.py --steps 2000 --version pmap --overwrite
+Bad arguments exit 2 with one line before JAX compiles anything; ``--data PATH`` (where the
+simulated frames go) is never replaced without ``--overwrite``.
 On N accelerators pass ``--devices N`` equal to the number of devices you have.
 """
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -42,10 +45,11 @@ from jax.sharding import PartitionSpec as P
 
 
 # --------------------------------------------------------------------------------- data
-def simulate(path, shape=(32, 32), frames=60, every=5, seed=0, overwrite=True) -> Path:
+def simulate(path, shape=(32, 32), frames=60, every=5, seed=0, overwrite=False) -> Path:
     """Run simpar's heat model (periodic box, random initial field, float64) into ``path``.
 
-    ``frames + 1`` frames, ``every`` steps apart, at diffusion number 0.1 per step.
+    ``frames + 1`` frames, ``every`` steps apart, at diffusion number 0.1 per step. An
+    existing ``path`` is replaced only with ``overwrite`` (else ``ConfigError``, exit 2).
     """
     from simpar import config as cfgmod
     from simpar.run import run_config
@@ -213,18 +217,98 @@ def rollout_error(params, frames):
     return np.asarray(errs)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--devices", type=int, default=8)
+# ------------------------------------------------------------------------- command line
+FRAMES = 60  # frames of the simulated data set (61 with the initial one)
+TRAIN_PAIRS = 2 * (FRAMES + 1) // 3  # pairs (u[i], u[i + 1]) with i < split
+MAX_DEVICES = 4096
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments exit 2 with one line (no usage block, no traceback)."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (--help for usage)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _int_in(lo, hi=None):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            span = f">= {lo}" if hi is None else f"{lo} .. {hi}"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        return value
+
+    return parse
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, checked before JAX compiles anything (exit 2 with one line)."""
+    ap = _Parser(prog="train_surrogate.py", description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--devices",
+        type=_int_in(1, MAX_DEVICES),
+        default=8,
+        help="virtual CPU devices (CPU backend only)",
+    )
     ap.add_argument("--version", choices=("sharded", "pmap", "one"), default="sharded")
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--data", default="data/runs/surrogate_heat.nc")
+    ap.add_argument("--steps", type=_int_in(1), default=600, help="training steps (>= 1)")
+    ap.add_argument(
+        "--batch",
+        type=_int_in(1, TRAIN_PAIRS),
+        default=16,
+        help=f"global batch (1 .. {TRAIN_PAIRS} training pairs; a multiple of "
+        "--devices for pmap and sharded)",
+    )
+    ap.add_argument(
+        "--data",
+        default="data/runs/surrogate_heat.nc",
+        help="where the simulated frames are written (.nc)",
+    )
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing --data")
     args = ap.parse_args(argv)
+    if args.version != "one" and args.batch % args.devices:
+        ap.error(
+            f"--batch {args.batch} must be a multiple of --devices {args.devices} for "
+            f"--version {args.version} (each device takes batch / devices pairs)"
+        )
+    data = Path(args.data)
+    if data.exists() and not args.overwrite:
+        ap.error(f"--data {args.data} exists; pass --overwrite to replace it or choose another")
+    if data.suffix not in (".nc", ".h5"):
+        ap.error(f"--data must end in .nc or .h5, got {args.data!r}")
+    if not data.parent.is_dir():
+        ap.error(f"--data: directory {str(data.parent)!r} does not exist")
+    try:
+        import optax  # noqa: F401
+    except ImportError:
+        ap.error('needs optax: pip install "simpar[ml]"')
+    return args
+
+
+def main(argv=None):
+    """Simulate, train and print one JSON line (see the module docstring)."""
+    args = parse_args(argv)
     jax.config.update("jax_num_cpu_devices", args.devices)  # affects the CPU backend only
     jax.config.update("jax_enable_x64", True)
+    from simpar.errors import ConfigError
+
+    if args.version != "one" and len(jax.local_devices()) != args.devices:
+        print(
+            f"train_surrogate.py: error: --devices {args.devices} but JAX has "
+            f"{len(jax.local_devices())} {jax.default_backend()} devices",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     t0 = time.perf_counter()
-    path = simulate(args.data, frames=60, every=5)
+    try:
+        path = simulate(args.data, frames=FRAMES, every=5, overwrite=args.overwrite)
+    except ConfigError as err:
+        print(f"train_surrogate.py: error: {err}", file=sys.stderr)
+        sys.exit(2)
     with h5py.File(path) as f:
         n_frames = f["time"].shape[0]
     split = 2 * n_frames // 3

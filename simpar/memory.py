@@ -1,9 +1,21 @@
-"""Memory: what this machine has, what a run needs (checked before allocating), what it used.
+"""Memory: what this process may allocate, what a run needs (checked before allocating), what
+it used.
 
 Drivers estimate the bytes a run will hold (state, halos, buffers, neighbour lists, output
 frames on the host) and call :func:`check_fits` before allocating anything, so a run that
-cannot fit is refused with exit code 2 and the figures, instead of a ``MemoryError``
-traceback or the kernel's OOM killer. :func:`peak_memory_mib` goes into every run summary.
+cannot fit is refused with exit code 2 and the figures, instead of a ``MemoryError`` or
+``RESOURCE_EXHAUSTED`` traceback or the kernel's OOM killer.
+
+What "available" means: the smallest of three real limits (:func:`memory_limits`):
+
+- ``MemAvailable`` of ``/proc/meminfo`` (free RAM plus what the kernel can reclaim);
+- the cgroup limit of this process (a container, a SLURM job): cgroup v2 ``memory.max`` minus
+  ``memory.current``, or cgroup v1 ``memory.limit_in_bytes`` minus ``memory.usage_in_bytes``;
+- the address-space limit ``RLIMIT_AS`` (``ulimit -v``) minus this process's current virtual
+  size (``VmSize``).
+
+:func:`check_device_count` caps the number of devices a run asks for (directly or through the
+mesh it names); :func:`peak_memory_mib` goes into every run summary.
 """
 
 from __future__ import annotations
@@ -11,14 +23,83 @@ from __future__ import annotations
 import os
 import resource
 import sys
+from pathlib import Path
 
 from simpar.errors import ConfigError
 
 GIB = 2**30
+#: cgroup v1 reports "no limit" as a number near 2^63 (rounded down to a page)
+_UNLIMITED = 2**60
+#: where cgroup file systems are mounted (tests point it at a fake tree)
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def available_bytes() -> int | None:
-    """Memory available to a new allocation (``MemAvailable``), None if unknown."""
+def _read_int(path: Path) -> int | None:
+    """An integer file of a cgroup (``"max"`` and absurd values mean no limit)."""
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text or text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if 0 <= value < _UNLIMITED else None
+
+
+def _cgroup_dirs(root: Path, controller: str | None) -> list[Path]:
+    """Candidate directories of this process's cgroup: the mount point itself (a container
+    sees its own cgroup there) and the path named in ``/proc/self/cgroup``."""
+    base = root / controller if controller else root
+    dirs = [base]
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        ctrls = parts[1].split(",")
+        if (controller is None and parts[0] == "0" and parts[1] == "") or (
+            controller is not None and controller in ctrls
+        ):
+            rel = parts[2].strip().lstrip("/")
+            if rel:
+                dirs.append(base / rel)
+    return dirs
+
+
+def cgroup_available(root: str | os.PathLike | None = None) -> tuple[int, str] | None:
+    """Bytes this process's cgroup still allows, and which file said so.
+
+    Args:
+      root: the cgroup mount point (default ``CGROUP_ROOT``, ``/sys/fs/cgroup``).
+
+    Returns:
+      (limit minus usage in bytes, a description such as ``"cgroup v2 memory.max"``), the
+      tightest over the cgroup directories found, or None when no limit is set or readable.
+    """
+    root = Path(CGROUP_ROOT if root is None else root)
+    best = None
+    for d in _cgroup_dirs(root, None):  # v2: one unified hierarchy
+        limit = _read_int(d / "memory.max")
+        if limit is not None:
+            left = limit - (_read_int(d / "memory.current") or 0)
+            if best is None or left < best[0]:
+                best = (left, f"cgroup v2 memory.max {limit / GIB:.3g} GiB of {d}")
+    for d in _cgroup_dirs(root, "memory"):  # v1: the memory controller's hierarchy
+        limit = _read_int(d / "memory.limit_in_bytes")
+        if limit is not None:
+            left = limit - (_read_int(d / "memory.usage_in_bytes") or 0)
+            if best is None or left < best[0]:
+                best = (left, f"cgroup v1 memory.limit_in_bytes {limit / GIB:.3g} GiB of {d}")
+    return None if best is None else (max(best[0], 0), best[1])
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -32,6 +113,57 @@ def available_bytes() -> int | None:
         return None
 
 
+def _vm_size() -> int:
+    """This process's virtual size in bytes (``VmSize`` of ``/proc/self/status``), 0 if
+    unknown."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def memory_limits() -> dict[str, int]:
+    """Every memory limit that applies to this process, in bytes still available.
+
+    Returns:
+      description -> bytes, for those that are known: ``"free RAM (MemAvailable)"``, the
+      cgroup limit (``cgroup_available``) and ``"RLIMIT_AS (ulimit -v) ..."`` (the soft
+      limit minus the current virtual size).
+    """
+    out = {}
+    free = _meminfo_available()
+    if free is not None:
+        out["free RAM (MemAvailable)"] = free
+    cg = cgroup_available()
+    if cg is not None:
+        out[cg[1]] = cg[0]
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft >= 0:
+        out[f"RLIMIT_AS (ulimit -v) {soft / GIB:.3g} GiB"] = max(soft - _vm_size(), 0)
+    return out
+
+
+def available() -> tuple[int, str] | None:
+    """The memory a new allocation may take: (bytes, which limit applied), the smallest of
+    :func:`memory_limits`, or None when none is known."""
+    limits = memory_limits()
+    if not limits:
+        return None
+    name = min(limits, key=limits.__getitem__)
+    return limits[name], name
+
+
+def available_bytes() -> int | None:
+    """Bytes a new allocation may take (the smallest of free RAM, the cgroup limit and
+    RLIMIT_AS), None if unknown."""
+    got = available()
+    return None if got is None else got[0]
+
+
 def peak_memory_mib() -> float:
     """Peak resident memory of this process so far (``ru_maxrss``), in MiB."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -39,7 +171,7 @@ def peak_memory_mib() -> float:
 
 
 def check_fits(needed: int, key: str, what: str, hint: str) -> None:
-    """Refuse a run whose estimated memory exceeds what the machine has available.
+    """Refuse a run whose estimated memory exceeds what this process may allocate.
 
     Args:
       needed: estimated bytes (on CPU, devices share the host's memory).
@@ -48,13 +180,37 @@ def check_fits(needed: int, key: str, what: str, hint: str) -> None:
       hint: what to change.
 
     Raises:
-      ConfigError: ``needed`` exceeds the available memory (exit code 2).
+      ConfigError: ``needed`` exceeds the available memory (exit code 2); the message gives
+        both figures and which limit applied (free RAM, cgroup or RLIMIT_AS).
     """
-    avail = available_bytes()
-    if avail is None or needed <= avail:
+    got = available()
+    if got is None or needed <= got[0]:
         return
+    avail, limit = got
     raise ConfigError(
         key,
-        f"the run needs about {needed / GIB:.3g} GiB ({what}); this machine has "
-        f"{avail / GIB:.3g} GiB available; {hint}",
+        f"the run needs about {needed / GIB:.3g} GiB ({what}); this process may allocate "
+        f"{avail / GIB:.3g} GiB (limited by {limit}); {hint}",
     )
+
+
+def check_device_count(devices: int, key: str, cap: int) -> None:
+    """Refuse a device count outside ``1 .. cap`` before JAX creates the devices.
+
+    The command line caps ``--devices``; the count a ``--mesh`` implies (the product of its
+    sizes, e.g. 5000 for ``--mesh 5000``) must be held to the same cap, since on CPU it
+    becomes the number of virtual devices XLA creates (beyond a few thousand it takes
+    minutes and then aborts the process).
+
+    Args:
+      devices: the number of devices the run would create (``--devices`` or the mesh's
+        product).
+      key: the option named in the error (``"--devices"`` or ``"--mesh"``).
+      cap: the largest count allowed (the CLI's ``MAX_DEVICES``).
+
+    Raises:
+      ConfigError: ``devices`` is not an integer in ``1 .. cap``.
+    """
+    if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= cap:
+        what = "devices" if key == "--devices" else "devices (the product of the mesh sizes)"
+        raise ConfigError(key, f"must be 1 .. {cap} {what}, got {devices!r}")

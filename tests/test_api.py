@@ -201,7 +201,12 @@ def test_grid_files_state_their_units_for_every_variable(runs):
     assert wave.u.attrs["units"] == "m" and wave.energy.attrs["units"] == "m4 s-2"
 
 
-def test_particle_files_open_in_mdanalysis_and_state_reduced_units(runs):
+def test_particle_files_open_in_mdanalysis_and_state_reduced_units(runs, tmp_path):
+    """Issue 17 item 8: reduced-unit files claim no Angstrom/ps; MDAnalysis opens them with
+    the README's call and returns the stored numbers; files written before the change
+    (compatibility labels "A"/"ps") still read with simpar's own reader."""
+    import shutil
+
     import h5py
     import MDAnalysis
 
@@ -214,20 +219,40 @@ def test_particle_files_open_in_mdanalysis_and_state_reduced_units(runs):
     }  # fmt: skip
     for name, (system, length, time_, obs) in truth.items():
         path = runs[name][0]
-        u = MDAnalysis.Universe(str(path))  # no extra arguments
+        with pytest.raises(ValueError, match="readable units"):  # nothing to convert from
+            MDAnalysis.Universe(str(path))
+        with h5py.File(path) as f:
+            n = f["particles/trajectory/position/value"].shape[1]
+        u = MDAnalysis.Universe(str(path), n_atoms=n, convert_units=False)  # README's call
+        assert set(u.trajectory.units.values()) == {None}  # not Angstrom, not ps
         with h5py.File(path) as f:
             stored = f["particles/trajectory/position/value"][-1]
+            t_stored = f["particles/trajectory/position/time"][-1]
             assert f["h5md/modules/units"].attrs["system"] == system
-            assert "compatibility labels" in f["h5md/modules/units"].attrs["description"]
+            assert "Angstrom" not in f["h5md/modules/units"].attrs["description"]
             assert f["h5md/author"].attrs["name"] == "anonymous"
-            pos = f["particles/trajectory/position"]
+            traj = f["particles/trajectory"]
+            for el in ("position/value", "position/time", "velocity/value", "box/edges/value"):
+                assert "unit" not in traj[el].attrs, (name, el)
+                assert traj[el].attrs["reduced_unit"], (name, el)
+            pos = traj["position"]
             assert _h5md_unit(pos["value"]) == length and _h5md_unit(pos["time"]) == time_
             for k, unit in obs.items():
                 assert f["observables"][k]["value"].attrs["unit"] == unit
             assert "host" not in f["parameters"].attrs and "author" not in f["parameters"].attrs
         u.trajectory[-1]
         np.testing.assert_allclose(u.atoms.positions, stored, rtol=1e-6)  # nothing converted
-        assert h5md.read_frame(path)["unit_system"] == system
+        assert u.trajectory.ts.time == pytest.approx(t_stored)
+        fr = h5md.read_frame(path)
+        assert fr["unit_system"] == system
+        old = tmp_path / f"old_{name}.h5md"  # as written before: compatibility labels
+        shutil.copy(path, old)
+        with h5py.File(old, "a") as f:
+            traj = f["particles/trajectory"]
+            traj["position/value"].attrs["unit"] = "A"
+            traj["position/time"].attrs["unit"] = "ps"
+            traj["box/edges/value"].attrs["unit"] = "A"
+        np.testing.assert_array_equal(h5md.read_frame(old)["position"], fr["position"])
 
 
 def test_version_and_run_help_list_models_and_exit_codes(capsys):
@@ -279,18 +304,23 @@ def test_single_ignores_a_mesh_from_the_command_line_and_from_python(tmp_path, c
         np.testing.assert_array_equal(u, cli_u)
 
 
-def test_readme_python_examples_run():
-    """Every ```python block of README.md runs, in order, each in a fresh namespace, and
-    asserts its own results. In this process (8 CPU devices and x64 already set, as the
-    blocks ask), so compiled kernels are shared with the other tests."""
+def _readme_blocks() -> list[str]:
     text = (ROOT / "README.md").read_text()
-    # the "Research workflows" section's blocks run in tests/test_workflows.py
-    head, rest = text.split("## Research workflows", 1)
-    text = head + ("\n## " + rest.split("\n## ", 1)[1] if "\n## " in rest else "")
-    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
-    assert len(blocks) >= 3
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"README.md python block {i}", "exec"), {"__name__": "__main__"})
+    return [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+
+
+def test_readme_has_python_blocks():
+    assert len(_readme_blocks()) >= 4
+
+
+@pytest.mark.parametrize("i", range(len(_readme_blocks())))
+def test_readme_python_block_runs_alone_in_a_fresh_process(i):
+    """Every ```python block of README.md, pasted alone into a new script, runs and passes
+    its own asserts (issue 17 item 7a): a fresh interpreter each (x64 off, one CPU device
+    until the block asks for more), never after another block configured JAX."""
+    block = _readme_blocks()[i]
+    r = _python(block)
+    assert r.returncode == 0, f"README.md python block {i}:\n{block}\n{r.stderr[-3000:]}"
 
 
 def test_every_public_module_function_class_and_method_has_a_docstring():
@@ -325,3 +355,24 @@ def test_every_public_module_function_class_and_method_has_a_docstring():
             if not inspect.getdoc(obj):
                 missing.append(qual)
     assert total > 300 and not missing, missing
+
+
+def test_space_takes_a_scalar_box_as_jax_md_does():
+    """``space.periodic(10.0)`` (JAX-MD's usual call) is a cube; other shapes are refused."""
+    import jax
+
+    from simpar.errors import ConfigError
+    from simpar.particles import space
+
+    cube = space.periodic(10.0)
+    assert cube.periodic and cube.box.shape == (3,) and cube.box.tolist() == [10.0] * 3
+    assert space.periodic(np.float32(2.5)).box.tolist() == [2.5] * 3
+    assert space.periodic(np.array([2.0])).box.tolist() == [2.0] * 3
+    assert space.free(4.0).box.tolist() == [4.0] * 3 and not space.free(4.0).periodic
+    assert space.periodic([1.0, 2.0, 3.0]).box.tolist() == [1.0, 2.0, 3.0]
+    r = np.array([[9.5, 0.0, 0.0]])
+    np.testing.assert_allclose(space.displacement(cube, r, np.zeros(3)), [[-0.5, 0.0, 0.0]])
+    assert jax.jit(lambda b: space.periodic(b).box)(3.0).tolist() == [3.0] * 3
+    for bad in ([1.0, 2.0], np.ones((3, 3))):
+        with pytest.raises(ConfigError, match="one edge length .* or 3 edge lengths"):
+            space.periodic(bad)

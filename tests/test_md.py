@@ -175,15 +175,19 @@ def test_h5md_written_and_opened_by_mdanalysis(tmp_path):
     res = run_config(cfg, dumps(cfg), engine=None, mesh=None, steps=None, out=None,
                      progress=False)  # fmt: skip
     path = res["path"]
-    u = MDAnalysis.Universe(path)
-    assert len(u.atoms) == 500
+    with pytest.raises(ValueError, match="readable units"):
+        MDAnalysis.Universe(path)  # reduced units: no Angstrom/ps for MDAnalysis to convert
+    u = MDAnalysis.Universe(path, n_atoms=500, convert_units=False)  # README "Output files"
+    assert len(u.atoms) == 500 and set(u.trajectory.units.values()) == {None}
     assert u.trajectory.n_frames == 3
     with h5py.File(path, "r") as f:
         pos = f["particles/trajectory/position/value"][...]
         edges = f["particles/trajectory/box/edges/value"][...]
         assert list(f["particles/trajectory/position/step"][...]) == [0, 10, 20]
         assert f["particles/trajectory/velocity/step"] == f["particles/trajectory/position/step"]
-        assert f["particles/trajectory/position/value"].attrs["unit"] == "A"
+        for el in ("position/value", "position/time", "velocity/value", "box/edges/value"):
+            assert "unit" not in f["particles/trajectory/" + el].attrs  # reduced: no unit
+        assert f["particles/trajectory/position/value"].attrs["reduced_unit"] == "sigma"
         assert f["observables/pressure/value"].shape == (3,)
         assert "lj" in f["parameters"].attrs["config"]
         assert f["parameters"].attrs["engine"] == "single"
@@ -200,7 +204,7 @@ def test_h5md_written_and_opened_by_mdanalysis(tmp_path):
 
     # a state exported by another code (MDAnalysis's own H5MD writer, float32) continues
     other = str(tmp_path / "other.h5md")
-    with MDAnalysis.Writer(other, n_atoms=500, velocities=True) as w:
+    with MDAnalysis.Writer(other, n_atoms=500, velocities=True, convert_units=False) as w:
         w.write(u.atoms)  # the last frame
     cont = small_config(tmp_path, **{"output.path": str(tmp_path / "c.h5md")})
     cont["system"] = {"init": "h5md", "file": other}

@@ -298,7 +298,8 @@ def test_driver_writes_h5md(tmp_path):
     np.testing.assert_allclose(last, ref.pos, rtol=0, atol=1e-12)
     import MDAnalysis as mda
 
-    u = mda.Universe(str(path))  # no extra arguments (README "Output files")
+    u = mda.Universe(str(path), n_atoms=64, convert_units=False)  # README "Output files"
+    assert set(u.trajectory.units.values()) == {None}  # N-body units, not Angstrom/ps
     assert u.trajectory.n_frames == 3 and len(u.atoms) == 64
     u.trajectory[2]
     np.testing.assert_allclose(u.atoms.positions, last, rtol=1e-6, atol=1e-6)

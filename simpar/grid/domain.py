@@ -32,6 +32,13 @@ DTYPES = ("float32", "float64")
 class Domain:
     """A cell-centred box.
 
+    Axis order: in Python every field on this domain is an array of shape ``shape`` indexed
+    ``(x, y)`` or ``(x, y, z)`` (``u[i, j]`` is the cell centred at ``(coords()[0][i],
+    coords()[1][j])``, ``mesh()`` uses ``indexing="ij"``). Output files store the same field
+    in netCDF/CF order, time first and the slowest spatial axis next: ``u(time, y, x)`` or
+    ``u(time, z, y, x)``, so ``h5py.File(path)["u"][t].T`` is the Python array of frame ``t``
+    (README "Output files").
+
     Attributes:
       shape: cells per axis (x, y[, z]).
       length: box size per axis (length units).

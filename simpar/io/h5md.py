@@ -34,22 +34,29 @@ by 9e-16 sigma after 10 steps, 2e-15 after 50 and 1e-11 after 550 in float64; 1e
 are unaffected; for an exact continuation use ``simpar run --resume``, which restores the
 neighbour-list state from the checkpoint (``simpar.particles.checkpoint``).
 
-Units (decision): simpar works in reduced units (Lennard-Jones: sigma, tau, epsilon, m;
-N-body: Henon units), for which neither H5MD nor MDAnalysis has a name, and MDAnalysis
-refuses a file whose position/velocity/force/time carry no ``unit`` it knows unless called
-with extra arguments. So that ``MDAnalysis.Universe(path)`` opens the file and returns
-exactly the stored reduced numbers, those four elements and the box carry MDAnalysis's
-*base* units as ``unit`` (``"A"``, ``"ps"``, ``"A ps-1"``, ``"kJ mol-1 Angstrom-1"``: no
-conversion is applied). Everything else states the truth where tools look:
+Units (decision, changed in 0.x: see README "Output files", migration note): simpar works in
+reduced units (Lennard-Jones: sigma, tau, epsilon, m; N-body: Henon units L, T, M), for which
+neither H5MD nor MDAnalysis has a name. H5MD makes the ``unit`` attribute optional ("may
+carry"), so position, velocity, force, time and box edges carry **no** ``unit``: nothing in
+the file claims Angstrom or picoseconds (files before this change carried the compatibility
+labels ``"A"`` / ``"ps"``; simpar's reader ignores ``unit`` and still reads them). The truth
+is stated where tools look:
 
 - ``/h5md/modules/units`` (the H5MD 1.1 units module): ``system`` (``"lj"`` or
-  ``"nbody"``) and ``description`` (the unit symbols and what the compatibility labels
-  stand for); ``/parameters`` repeats ``unit_system``;
+  ``"nbody"``) and ``description`` (the unit symbols); ``/parameters`` repeats
+  ``unit_system``;
 - every element carries ``reduced_unit`` in the system's symbols (``"sigma"``,
   ``"sigma tau-1"``, ``"tau"``, ``"epsilon sigma-1"``; N-body ``"L"``, ``"L T-1"``, ``"T"``);
 - observables carry their true ``unit`` (``"epsilon"``, ``"epsilon kB-1"``,
   ``"epsilon sigma-3"``; MDAnalysis reads observables without converting them);
 - ``simpar plot`` labels axes with ``reduced_unit``; ``read_frame`` returns ``unit_system``.
+
+MDAnalysis (2.11, checked by tests/test_api.py) refuses a trajectory without units unless
+told not to convert, and its ``Universe(path, convert_units=False)`` fails in its topology
+step (the keyword reaches ``H5MDReader.parse_n_atoms``), so the call that opens a simpar file
+and returns exactly the stored reduced numbers, with ``u.trajectory.units`` all None, is
+``MDAnalysis.Universe(path, n_atoms=N, convert_units=False)`` with N =
+``position/value.shape[1]`` (``MDANALYSIS_CALL``).
 
 Crash safety: a frame is appended to every element first, then ``step`` and ``time`` are
 written last (the commit marker) and the file is flushed, so a killed run leaves a
@@ -66,15 +73,25 @@ import numpy as np
 
 import simpar
 from simpar.io.files import create_hdf5, ensure_space
+from simpar.io.h5md_read import _particles_group
+from simpar.io.h5md_read import check_box as check_box  # the reader, re-exported
+from simpar.io.h5md_read import n_frames as n_frames
+from simpar.io.h5md_read import read_frame as read_frame
 from simpar.io.meta import author
 
+# element -> (unit, reduced_unit): no ``unit`` for reduced quantities (H5MD: optional)
 UNITS = {
-    "position": ("A", "sigma"),
-    "velocity": ("A ps-1", "sigma tau-1"),
-    "force": ("kJ mol-1 Angstrom-1", "epsilon sigma-1"),
-    "edges": ("A", "sigma"),
-    "time": ("ps", "tau"),
+    "position": ("", "sigma"),
+    "velocity": ("", "sigma tau-1"),
+    "force": ("", "epsilon sigma-1"),
+    "edges": ("", "sigma"),
+    "time": ("", "tau"),
 }
+#: how MDAnalysis opens a simpar H5MD file (values unconverted, in the file's reduced units)
+MDANALYSIS_CALL = (
+    "MDAnalysis.Universe(path, n_atoms=h5py.File(path)['particles/trajectory/position/value']"
+    ".shape[1], convert_units=False)"
+)
 OBS_UNITS = {  # true units of the LJ observables (energies per atom, as LAMMPS prints)
     "temperature": "epsilon kB-1",
     "potential_energy": "epsilon",
@@ -84,14 +101,13 @@ OBS_UNITS = {  # true units of the LJ observables (energies per atom, as LAMMPS 
 }
 UNIT_SYSTEMS = {
     "lj": "Lennard-Jones reduced units: length sigma, energy epsilon, mass m, time "
-    "tau = sigma sqrt(m / epsilon), temperature epsilon / kB. The 'unit' labels A, ps, "
-    "A ps-1 and kJ mol-1 Angstrom-1 on position, time, velocity, force and box are "
-    "compatibility labels for MDAnalysis: read them as sigma, tau, sigma tau-1 and "
-    "epsilon sigma-1 (see each element's reduced_unit).",
+    "tau = sigma sqrt(m / epsilon), temperature epsilon / kB. Position, velocity, force, "
+    "time and box carry no 'unit' (they are not in any physical unit): each element's "
+    "reduced_unit gives sigma, sigma tau-1, epsilon sigma-1 and tau. Open with " + MDANALYSIS_CALL,
     "nbody": "N-body (Henon) units: G = 1, total mass M = 1, total energy -1/4 for the "
-    "Plummer sphere (virial radius L = 1), time T = sqrt(L^3 / (G M)). The 'unit' labels "
-    "A, ps and A ps-1 are compatibility labels for MDAnalysis: read them as L, T and "
-    "L T-1 (see each element's reduced_unit).",
+    "Plummer sphere (virial radius L = 1), time T = sqrt(L^3 / (G M)). Position, "
+    "velocity, time and box carry no 'unit': each element's reduced_unit gives L, L T-1 "
+    "and T. Open with " + MDANALYSIS_CALL,
 }
 
 
@@ -182,7 +198,8 @@ class H5MDWriter:
             self.time = pos.create_dataset(
                 "time", (0,), maxshape=(None,), chunks=(chunk_frames,), dtype="f8"
             )
-            self.time.attrs["unit"] = UNITS["time"][0]
+            if UNITS["time"][0]:
+                self.time.attrs["unit"] = UNITS["time"][0]
             self.time.attrs["reduced_unit"] = UNITS["time"][1]
             self._link(pos)
             if velocity:
@@ -308,7 +325,7 @@ class H5MDWriter:
         """
         f = h5py.File(path, "a")
         try:
-            g = _particles_group(f, None)
+            g = _particles_group(f, None, "--resume")
             pos = g["position"]
             total = min(pos["value"].shape[0], pos["step"].shape[0])
             steps = pos["step"][:total]
@@ -371,94 +388,3 @@ class H5MDWriter:
                 f"failed: {exc}" if isinstance(exc, Exception) else "failed: interrupted"
             )
         self.close()
-
-
-def _particles_group(f: h5py.File, group: str | None):
-    parts = f.get("particles")
-    if parts is None or not len(parts):
-        raise ValueError(f"{f.filename}: no /particles group (not an H5MD file?)")
-    if group is None:
-        group = "trajectory" if "trajectory" in parts else sorted(parts)[0]
-    if group not in parts:
-        raise ValueError(f"{f.filename}: no particles group {group!r} ({sorted(parts)})")
-    return parts[group]
-
-
-def _frame_of(element, frame):
-    value = element["value"] if isinstance(element, h5py.Group) else element
-    if isinstance(element, h5py.Group):  # time-dependent
-        return np.asarray(value[frame])
-    return np.asarray(value[()])
-
-
-def n_frames(path: str | os.PathLike, group: str | None = None) -> int:
-    """Number of complete frames (frames whose ``step`` was written)."""
-    with h5py.File(path, "r") as f:
-        pos = _particles_group(f, group)["position"]
-        return min(pos["value"].shape[0], pos["step"].shape[0])
-
-
-def read_frame(path: str | os.PathLike, frame: int = -1, group: str | None = None) -> dict:
-    """One frame of an H5MD file (ours or another code's), as NumPy arrays.
-
-    Args:
-      path: the file.
-      frame: frame index (negative counts from the last complete frame).
-      group: particles group (default ``trajectory``, else the first one).
-
-    Returns:
-      dict with ``position`` [N,3], ``velocity`` [N,3] or None, ``force`` or None,
-      ``box`` [3] (None without edges), ``boundary`` (list of str), ``step`` (int),
-      ``time`` (float), ``mass`` [N] or None, ``rng_key`` uint32[2] or None, and
-      ``observables`` (dict of floats at that frame), ``unit_system`` (``"lj"``,
-      ``"nbody"``, ``"SI"``, ... or None). Values are not unit-converted.
-
-    Raises:
-      ValueError: the file has no particles group, no position, or not that frame.
-    """
-    with h5py.File(path, "r") as f:
-        g = _particles_group(f, group)
-        if "position" not in g:
-            raise ValueError(f"{path}: no position element in {g.name}")
-        pos = g["position"]
-        total = min(pos["value"].shape[0], pos["step"].shape[0])
-        if total == 0:
-            raise ValueError(f"{path}: no complete frame")
-        k = frame + total if frame < 0 else frame
-        if not 0 <= k < total:
-            raise ValueError(f"{path}: frame {frame} out of range (file has {total})")
-        out = {
-            "position": np.asarray(pos["value"][k]),
-            "step": int(pos["step"][k]) if pos["step"].ndim else int(pos["step"][()]),
-            "n_frames": total,
-        }
-        t = pos["time"]
-        out["time"] = float(t[k]) if t.ndim else float(t[()]) * out["step"]
-        for name in ("velocity", "force"):
-            out[name] = np.asarray(g[name]["value"][k]) if name in g else None
-        box = g.get("box")
-        boundary = ["periodic"] * 3
-        out["box"] = None
-        if box is not None:
-            b = box.attrs.get("boundary", boundary)
-            boundary = [x.decode() if isinstance(x, bytes) else str(x) for x in b]
-            if "edges" in box:
-                edges = _frame_of(box["edges"], k)
-                out["box"] = np.diag(edges) if edges.ndim == 2 else edges
-        out["boundary"] = boundary
-        out["mass"] = np.asarray(g["mass"][()]) if "mass" in g else None
-        params = f.get("parameters")
-        key = params.get("rng_key") if params is not None else None
-        out["rng_key"] = np.asarray(key["value"][k]) if key is not None else None
-        obs = {}
-        for name, el in f.get("observables", {}).items():
-            if isinstance(el, h5py.Group) and "value" in el and el["value"].ndim == 1:
-                if el["value"].shape[0] > k:
-                    obs[name] = float(el["value"][k])
-        out["observables"] = obs
-        mod = f.get("h5md/modules/units")
-        system = mod.attrs.get("system") if mod is not None else None
-        if system is None and params is not None:
-            system = params.attrs.get("unit_system")
-        out["unit_system"] = system.decode() if isinstance(system, bytes) else system
-        return out

@@ -1,7 +1,7 @@
 """Spaces: how a displacement between two particles is measured and positions are kept.
 
-Contract: a ``Space`` is a pytree whose ``box`` (float[3], LJ length units sigma) is an
-array leaf and whose ``periodic`` flag is static (changing it recompiles).
+Contract: a ``Space`` is a pytree whose ``box`` (float[3], LJ length units sigma; the
+constructors also take one number for a cube) is an array leaf and whose ``periodic`` flag is static (changing it recompiles).
 
 * periodic orthorhombic box ``[0, L_x) x [0, L_y) x [0, L_z)``: displacements follow the
   minimum-image convention, ``wrap`` maps positions back into the box. The minimum image is
@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from simpar import precision
+from simpar.errors import ConfigError
 
 
 @jax.tree_util.register_dataclass
@@ -38,20 +39,43 @@ class Space:
     periodic: bool = dataclasses.field(default=True, metadata=dict(static=True))
 
 
-def periodic(box, dtype=None) -> Space:
-    """A periodic orthorhombic box with edge lengths ``box`` (float[3], sigma).
-
-    ``dtype`` None keeps the dtype of an array ``box`` (else JAX's default float; see
-    ``simpar.precision``); float64 with 64-bit JAX off raises ``ConfigError``.
-    """
+def _edges(box, dtype, what: str) -> jax.Array:
+    """float[3] edge lengths from a scalar (a cube) or 3 values; anything else is refused."""
     dtype = precision.resolve(dtype, like=box)
-    return Space(jnp.asarray(box, dtype=dtype).reshape(3), True)
+    edges = jnp.asarray(box, dtype=dtype)
+    if edges.ndim == 0 or edges.shape == (1,):
+        return jnp.broadcast_to(edges.reshape(()), (3,))
+    if edges.shape != (3,):
+        raise ConfigError(
+            "box",
+            f"space.{what}(box): box must be one edge length (a cube) or 3 edge lengths, "
+            f"got shape {edges.shape}",
+        )
+    return edges
+
+
+def periodic(box, dtype=None) -> Space:
+    """A periodic orthorhombic box.
+
+    Args:
+      box: edge lengths (sigma): a scalar for a cube (``space.periodic(10.0)``, JAX-MD's
+        usual call) or float[3].
+      dtype: None keeps the dtype of an array ``box`` (else JAX's default float; see
+        ``simpar.precision``); float64 with 64-bit JAX off raises ``ConfigError``.
+
+    Returns:
+      A periodic ``Space`` whose ``box`` is float[3].
+
+    Raises:
+      ConfigError (``box``): ``box`` is neither a scalar nor 3 values.
+    """
+    return Space(_edges(box, dtype, "periodic"), True)
 
 
 def free(box, dtype=None) -> Space:
-    """Free space; ``box`` (float[3]) is the extent reported in outputs (dtype as ``periodic``)."""
-    dtype = precision.resolve(dtype, like=box)
-    return Space(jnp.asarray(box, dtype=dtype).reshape(3), False)
+    """Free space; ``box`` (a scalar for a cube, or float[3], sigma) is the extent reported in
+    outputs and used to size cell lists (dtype and errors as ``periodic``)."""
+    return Space(_edges(box, dtype, "free"), False)
 
 
 def displacement(space: Space, ra: jax.Array, rb: jax.Array) -> jax.Array:

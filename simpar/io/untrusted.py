@@ -1,0 +1,188 @@
+"""Checks on HDF5 files from outside (restart checkpoints, H5MD inputs), made before reading.
+
+A file given to simpar (``--resume`` checkpoints, ``system.file`` H5MD states) may be damaged
+or crafted. Everything here looks only at *metadata* (a dataset's shape, dtype, storage layout
+and the kind of link that names it; an attribute's shape and dtype), so a check never reads the
+data it guards: a dataset claiming 10^12 elements is refused without allocating them, and a
+dataset stored in *another* file (HDF5 external storage, a virtual dataset, an external link)
+is refused before HDF5 follows it. Each refusal is a ``ConfigError`` naming the file, the
+dataset and what was expected (exit code 2 on the command line).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import h5py
+import numpy as np
+
+from simpar.errors import ConfigError
+
+#: dtype kinds a numeric state array may have: float, signed/unsigned int, bool.
+NUMERIC = "fiub"
+#: fixed-length byte strings (``np.bytes_`` tags such as a checkpoint's ``layout``) are
+#: allowed where a caller adds ``"S"``; variable-length strings and objects never are.
+MAX_BYTES_STRING = 4096
+
+
+def _name(obj) -> str:
+    return obj.name if getattr(obj, "name", None) else "/"
+
+
+def child(group: h5py.Group, name: str, path, key: str, *, dataset: bool | None = True):
+    """``group[name]`` after checking that it is a hard link (never followed outside the file).
+
+    Args:
+      group: an open group of the file.
+      name: the member's name in ``group``.
+      path: the file (named in errors).
+      key: the option or config key named in errors (``"--resume"``, ``"system.file"``).
+      dataset: whether the member must be a dataset (True), a group (False) or either
+        (None).
+
+    Returns:
+      The ``h5py.Dataset`` or ``h5py.Group``.
+
+    Raises:
+      ConfigError: missing, a soft or external link, or not a dataset/group.
+    """
+    where = f"{_name(group).rstrip('/')}/{name}"
+    link = group.get(name, getlink=True)
+    if link is None:
+        raise ConfigError(key, f"{os.fspath(path)}: no {where}")
+    if not isinstance(link, h5py.HardLink):
+        kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
+        raise ConfigError(
+            key,
+            f"{os.fspath(path)}: {where} is {kind}; links are refused (a file from outside "
+            "could point simpar at another file's data)",
+        )
+    obj = group[name]
+    if dataset is None:
+        return obj
+    want = h5py.Dataset if dataset else h5py.Group
+    if not isinstance(obj, want):
+        raise ConfigError(
+            key, f"{os.fspath(path)}: {where} is not a {'dataset' if dataset else 'group'}"
+        )
+    return obj
+
+
+def check_dataset(
+    ds: h5py.Dataset,
+    path,
+    key: str,
+    *,
+    shape: tuple | None = None,
+    dtype=None,
+    kinds: str = NUMERIC,
+    ndim: int | None = None,
+) -> int:
+    """Check a dataset's storage, dtype and shape from its metadata, before reading it.
+
+    Args:
+      ds: the dataset (opened through :func:`child`).
+      path: the file (named in errors).
+      key: the option or config key named in errors.
+      shape: the exact shape expected; an entry ``None`` accepts any length on that axis.
+      dtype: the exact dtype expected (``None``: any dtype whose kind is in ``kinds``).
+      kinds: allowed ``numpy.dtype.kind`` letters when ``dtype`` is None (default
+        ``"fiub"``: float, int, unsigned, bool; add ``"S"`` for short fixed byte strings).
+      ndim: the number of axes expected when ``shape`` is None.
+
+    Returns:
+      The dataset's size in bytes once read (elements x itemsize).
+
+    Raises:
+      ConfigError: external storage or a virtual dataset (data living in other files), a
+        compound, string or object dtype not allowed, or another shape/dtype.
+    """
+    where = f"{os.fspath(path)}: dataset {ds.name}"
+    if ds.is_virtual:
+        raise ConfigError(key, f"{where} is a virtual dataset (its data lives in other files)")
+    if ds.external:
+        raise ConfigError(
+            key, f"{where} uses HDF5 external storage ({ds.external[0][0]!r}); refused"
+        )
+    dt = ds.dtype
+    got = f"{dt} {ds.shape}"
+    if dt.fields is not None or dt.subdtype is not None or dt.kind == "O":
+        raise ConfigError(key, f"{where} has dtype {dt}; expected plain numbers")
+    if dtype is not None:
+        if dt != np.dtype(dtype):
+            raise ConfigError(key, f"{where} is {got}; expected dtype {np.dtype(dtype)}")
+    elif dt.kind not in kinds or (dt.kind == "S" and dt.itemsize > MAX_BYTES_STRING):
+        raise ConfigError(key, f"{where} is {got}; expected a numeric array (kinds {kinds})")
+    if shape is not None:
+        ok = len(ds.shape) == len(shape) and all(
+            want is None or int(want) == have for want, have in zip(shape, ds.shape, strict=True)
+        )
+        if not ok:
+            want = "(" + ", ".join("any" if s is None else str(int(s)) for s in shape) + ")"
+            raise ConfigError(key, f"{where} has shape {ds.shape}; expected {want}")
+    elif ndim is not None and len(ds.shape) != ndim:
+        raise ConfigError(key, f"{where} has shape {ds.shape}; expected {ndim} axes")
+    return math.prod(ds.shape) * dt.itemsize
+
+
+def check_size(total: int, biggest: str, path, key: str) -> None:
+    """Refuse reading ``total`` bytes that do not fit the memory available to this process.
+
+    Args:
+      total: bytes the read would allocate.
+      biggest: the largest dataset, named in the error.
+      path: the file; key: the option or config key named in errors.
+
+    Raises:
+      ConfigError: ``total`` exceeds ``simpar.memory.available_bytes()`` (the smallest of
+        free RAM, the cgroup limit and RLIMIT_AS).
+    """
+    from simpar.memory import GIB, available_bytes
+
+    avail = available_bytes()
+    if avail is not None and total > avail:
+        raise ConfigError(
+            key,
+            f"{os.fspath(path)}: reading {biggest} and the rest needs {total / GIB:.3g} GiB; "
+            f"{avail / GIB:.3g} GiB are available (damaged or not this run's file?)",
+        )
+
+
+def attr(obj, name: str, path, key: str, *, kinds: str, required: bool = True):
+    """A scalar attribute, its shape and dtype checked before its value is read.
+
+    Args:
+      obj: the file, group or dataset holding the attribute.
+      name: the attribute's name.
+      path: the file; key: the option or config key named in errors.
+      kinds: allowed dtype kinds: ``"iu"`` for an integer, ``"T"`` for text (a
+        variable-length or fixed-length string, returned as ``str``).
+      required: raise when it is missing (else return None).
+
+    Returns:
+      ``int`` for integer kinds, ``str`` for text, None when missing and not required.
+
+    Raises:
+      ConfigError: missing (when required), not a scalar, or of another kind.
+    """
+    where = f"{os.fspath(path)}: attribute {name!r} of {_name(obj)}"
+    if name not in obj.attrs:
+        if required:
+            raise ConfigError(key, f"{where} is missing")
+        return None
+    aid = h5py.h5a.open(obj.id, name.encode())
+    dt, shape = aid.dtype, aid.shape
+    text = dt.kind == "S" or h5py.check_string_dtype(dt) is not None
+    ok = shape in ((), (1,)) and (
+        (text and "T" in kinds) or (dt.kind in kinds and dt.fields is None)
+    )
+    if not ok:
+        want = "text" if kinds == "T" else "an integer"
+        raise ConfigError(key, f"{where} is {dt} of shape {shape}; expected {want}")
+    value = obj.attrs[name]
+    value = value.reshape(()) if isinstance(value, np.ndarray) else value
+    if text:
+        value = value.item() if isinstance(value, np.ndarray) else value
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return int(value)
