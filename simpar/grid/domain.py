@@ -23,7 +23,7 @@ from simpar import precision
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import boundary
-from simpar.parallel.topology import AXIS_NAMES
+from simpar.axes import AXIS_NAMES
 
 DTYPES = ("float32", "float64")
 

@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from simpar.parallel.topology import AXIS_NAMES
+from simpar.axes import AXIS_NAMES
 
 
 def blocks(engine) -> list[dict]:
