@@ -68,6 +68,9 @@ class GroupedPmapComm(PmapComm):
         pairs = self._offset([list(p) for p in self.grid.shift_pairs(axis, direction)])
         return lax.ppermute(x, self.axis_name, [tuple(p) for p in pairs])
 
+    def ring_pairs(self):
+        return [tuple(p) for p in self._offset([list(p) for p in super().ring_pairs()])]
+
     # coord: (flat // stride) % shape[axis] is already the member-local coordinate, since
     # grid.size is a multiple of stride * shape[axis]
 
