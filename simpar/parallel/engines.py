@@ -32,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +43,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
-from simpar.grid.model import GridModel, Params, State
-from simpar.grid.stencils import crop
 from simpar.parallel import blocks
 from simpar.parallel.blocks import ENGINES, check_live, gather_blocks, to_host
 from simpar.parallel.halo import (
@@ -51,6 +50,7 @@ from simpar.parallel.halo import (
     LocalComm,
     PmapComm,
     ShardMapComm,
+    crop,
     fill_edges,
     from_blocks,
     pad,
@@ -58,7 +58,39 @@ from simpar.parallel.halo import (
 )
 from simpar.parallel.topology import DeviceGrid, make_device_grid
 
-__all__ = ["ENGINES", "Engine", "advance_block", "make_engine", "observe_block"]
+__all__ = ["ENGINES", "Engine", "GridModel", "advance_block", "make_engine", "observe_block"]
+
+State = dict[str, jax.Array]  # field name -> block (or whole field) ``(*lead, n_0, ...)``
+Params = dict[str, jax.Array]  # parameter name -> array leaf (replicated)
+
+
+class GridModel(Protocol):
+    """What the engines ask of a grid model; ``simpar.grid.model.GridModel`` answers it.
+
+    The engines never import a model: it is passed in (``make_engine(name, model, ...)``).
+
+    Attributes:
+      name: model name, for messages.
+      ndim: number of spatial axes.
+      radius: halo cells one ``update`` consumes per side.
+      bcs: field name -> per spatial axis ``(lower, upper)`` boundary conditions (objects with
+        ``periodic`` and ``fill(slab, axis, side)``).
+      update: ``(padded state, params) -> state padded by radius fewer cells``.
+      local_sums: ``(state padded by radius, params) -> {name: block sum}``, or None.
+      diagnosed: fields whose sum/min/max/profile are reported (None: every float field).
+    """
+
+    name: str
+    ndim: int
+    radius: int
+    bcs: Mapping
+    update: Callable
+    local_sums: Callable | None
+    diagnosed: tuple[str, ...] | None
+
+    @property
+    def periodic(self) -> tuple[bool, ...]:
+        """Per spatial axis, whether it is periodic (the same for every field)."""
 
 
 def _traced(state) -> bool:

@@ -268,6 +268,22 @@ def from_blocks(b, grid_shape: Sequence[int], d: int):
     )
 
 
+def crop(x: jax.Array, k: int, d: int) -> jax.Array:
+    """The interior of a block padded by ``k`` on its trailing ``d`` axes (inverse of ``pad``).
+
+    Args:
+      x: padded block ``(*lead, n_0 + 2k, ..., n_{d-1} + 2k)``.
+      k: halo width to drop.
+      d: number of trailing spatial axes.
+
+    Returns:
+      ``(*lead, n_0, ..., n_{d-1})``.
+    """
+    lead = x.ndim - d
+    limits = list(x.shape[:lead]) + [x.shape[lead + a] - k for a in range(d)]
+    return lax.slice(x, [0] * lead + [k] * d, limits)
+
+
 def _slice(x, axis: int, start: int, stop: int):
     return lax.slice_in_dim(x, start, stop, axis=axis)
 
