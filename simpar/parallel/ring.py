@@ -217,7 +217,10 @@ def _cast(params, dtype):
 def _layout(engine: str, devices, mesh) -> _Layout:
     n = len(devices)
     if engine == "single":
-        put = functools.partial(lambda a, d: jax.device_put(jnp.asarray(a), d), d=devices[0])
+
+        def put(a):
+            return jax.device_put(jnp.asarray(a), devices[0])
+
         return _Layout(put, blocks.to_host, _cast, lambda k: k, lambda o: o)
     if engine == "pmap":
         return _Layout(
