@@ -111,7 +111,7 @@ def bench_engine(engine: str, n_dev: int, pos, vel, mass, params, steps: int, re
     import jax
     import numpy as np
 
-    from simpar.parallel.ring import make_engine
+    from simpar.particles.nbody import make_engine
 
     n = len(pos)
     eng = make_engine(engine, n_dev)

@@ -15,7 +15,9 @@ import pytest
 from simpar.grid import heat
 from simpar.grid.boundary import Dirichlet, Neumann
 from simpar.grid.domain import Domain
+from simpar.parallel.blocks import DonatedStateError
 from simpar.parallel.engines import make_engine
+from simpar.parallel.ensemble import make_ensemble_engine
 
 SHAPE = (16, 16)
 CASES = [("single", None), ("pmap", (2, 4)), ("shard_map", (2, 4)), ("sharded", (4, 2))]
@@ -38,13 +40,48 @@ def test_reused_state_gives_the_same_result_twice(engine, mesh):
     second = e.gather(e.advance(st, params, 5))["u"]  # the same placed state again
     np.testing.assert_array_equal(first, second)
     np.testing.assert_array_equal(e.gather(st)["u"], u0)  # the input is untouched
-    if engine != "pmap":
-        return
-    # asked for, donation consumes the input (the driver's memory saving; one engine is
-    # enough to show the flag reaches the compiled program)
+    # asked for, donation consumes the input (the driver's memory saving)
     out = e.advance(st, params, 5, donate=True)
     assert st["u"].is_deleted()
     np.testing.assert_array_equal(e.gather(out)["u"], first)
+
+
+def _ensemble_engine(engine, mesh):
+    """Two members, each on ``mesh`` (or vmapped on one device), and their parameters."""
+    model, params, u0 = _problem()
+    e = make_ensemble_engine(engine, model, SHAPE, 2, mesh, 2)
+    p2 = jax.tree.map(lambda p: jnp.stack([p, 2 * p]), params)
+    return e, p2, np.stack([u0, 1 - u0])
+
+
+@pytest.mark.parametrize("ensemble", [False, True], ids=["engine", "ensemble"])
+@pytest.mark.parametrize("engine,mesh", CASES, ids=[c[0] for c in CASES])
+def test_reusing_a_donated_state_raises_a_python_error(engine, mesh, ensemble):
+    # JAX has killed the interpreter (segmentation fault) on a reused donated buffer under
+    # pmap, shard_map and sharded: every engine checks its input first
+    if ensemble:
+        e, params, u0 = _ensemble_engine(engine, mesh if engine == "single" else (2, 2))
+    else:
+        model, params, u0 = _problem()
+        e = make_engine(engine, model, SHAPE, mesh, 2)
+    st = e.place({"u": u0})
+    kept = e.gather(e.advance(st, params, 3))["u"]
+    out = e.advance(st, params, 3, donate=True)
+    assert st["u"].is_deleted()
+    calls = {
+        "advance": lambda: e.advance(st, params, 3),
+        "donating advance": lambda: e.advance(st, params, 3, donate=True),
+        "observe": lambda: e.observe(st, params),
+        "gather": lambda: e.gather(st),
+        "place": lambda: e.place(st),
+    }
+    for what, call in calls.items():
+        with pytest.raises(DonatedStateError, match=r"donate=True") as err:
+            call()
+        assert f"{engine} engine" in str(err.value), what
+    # the result of the donating call is valid and equals the non-donating one
+    np.testing.assert_array_equal(e.gather(out)["u"], kept)
+    e.observe(out, params)
 
 
 def _loss(e, params):

@@ -12,7 +12,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from simpar.grid.boundary import Dirichlet, Neumann, Periodic
-from simpar.parallel.engines import PmapEngine, _mesh
+from simpar.parallel.blocks import make_mesh
+from simpar.parallel.engines import PmapEngine
 from simpar.parallel.halo import LocalComm, PmapComm, ShardMapComm, pad
 from simpar.parallel.topology import DeviceGrid
 
@@ -58,7 +59,7 @@ def test_pmap_and_shard_map_halo_equals_global_padding(mesh, bcs, w):
     )
     np.testing.assert_array_equal(np.asarray(got), expected)
     # shard_map: padded blocks come back concatenated along the mesh axes
-    m = _mesh(grid, jax.devices()[: grid.size])
+    m = make_mesh(grid.shape, grid.axis_names, jax.devices()[: grid.size])
     spec = P(None, *grid.axis_names)
     f = jax.shard_map(
         functools.partial(pad, w=w, bcs=bcs, comm=ShardMapComm(grid)),

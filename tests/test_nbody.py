@@ -18,8 +18,12 @@ import pytest
 
 from simpar.config import dumps
 from simpar.errors import ConfigError, SimulationError
-from simpar.parallel.ring import ENGINES, make_engine, nbody_run, ring_sum
+from simpar.parallel.blocks import ENGINES, make_mesh
+from simpar.parallel.halo import PmapComm, ShardMapComm
+from simpar.parallel.ring import ring_sum
+from simpar.parallel.topology import DeviceGrid
 from simpar.particles import nbody as nb
+from simpar.particles.nbody import make_engine, nbody_run
 from simpar.particles.nbody_run import run_config
 
 F64 = np.float64
@@ -90,16 +94,18 @@ def test_kernel_antisymmetric_two_body():
 def test_ring_visits_every_block_exactly_once(engine):
     n_dev = 8
     ids = np.eye(n_dev, dtype=F64)  # block k carries the one-hot vector e_k
+    ring = DeviceGrid((n_dev,), (True,))
+    comm = PmapComm(ring, "dev") if engine == "pmap" else ShardMapComm(ring)
 
     def block(src):
-        return ring_sum(lambda t, s: s, None, src, "dev", n_dev)
+        return ring_sum(lambda t, s: s, None, src, comm)
 
     if engine == "pmap":
         out = jax.pmap(block, axis_name="dev")(ids[:, None, :])[:, 0, :]
     else:
-        mesh = jax.make_mesh((n_dev,), ("dev",))
-        sm = jax.shard_map(block, mesh=mesh, in_specs=jax.P("dev"), out_specs=jax.P("dev"))
-        src = jax.device_put(ids, jax.NamedSharding(mesh, jax.P("dev")))
+        mesh = make_mesh((n_dev,), ring.axis_names, jax.devices())
+        sm = jax.shard_map(block, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x"))
+        src = jax.device_put(ids, jax.NamedSharding(mesh, jax.P("x")))
         out = jax.jit(sm)(src)
     np.testing.assert_array_equal(np.asarray(out), np.ones((n_dev, n_dev)))
 

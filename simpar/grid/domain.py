@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from simpar import precision
+from simpar.axes import AXIS_NAMES
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import boundary
-from simpar.parallel.topology import AXIS_NAMES
 
 DTYPES = ("float32", "float64")
 

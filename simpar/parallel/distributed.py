@@ -26,9 +26,23 @@ On CPU the cross-process collectives go through gloo (set here before JAX starts
 
 from __future__ import annotations
 
-import numpy as np
-
 from simpar.errors import ConfigError
+
+# the host <-> device transfers live with the block mapping; re-exported for existing callers
+from simpar.parallel.blocks import gather_blocks, put_blocks, put_global, to_host
+
+__all__ = [
+    "NoWriter",
+    "barrier",
+    "check_gather_size",
+    "gather_blocks",
+    "initialize",
+    "is_main",
+    "process_count",
+    "put_blocks",
+    "put_global",
+    "to_host",
+]
 
 
 class NoWriter:
@@ -133,61 +147,6 @@ def barrier(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-def to_host(x) -> np.ndarray:
-    """The whole value of a (possibly multi-process) array as NumPy, on every process.
-
-    Arrays whose shards all live in this process are copied directly; others are gathered with
-    ``multihost_utils.process_allgather`` (a collective: every process must call it, in the same
-    order).
-    """
-    if getattr(x, "is_fully_addressable", True) or getattr(x, "is_fully_replicated", False):
-        return np.asarray(x)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def put_blocks(blocks, devices):
-    """Host blocks ``(len(devices), ...)`` -> a ``pmap`` array, block ``i`` on ``devices[i]``.
-
-    In a multi-process run each process places only the blocks of its own devices (every
-    process passes the whole host array; the others' blocks are dropped here). An identity
-    ``pmap`` does the placement (``device_put_sharded`` is deprecated).
-    """
-    import jax
-
-    blocks = np.asarray(blocks)
-    mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
-    if len(mine) < len(devices):
-        blocks = blocks[mine]
-    return jax.pmap(lambda x: x, devices=devices)(blocks)
-
-
-def put_global(x, sharding):
-    """A host array -> a global ``jax.Array`` with ``sharding`` (which may span processes).
-
-    Each process materialises only the shards its own devices hold
-    (``jax.make_array_from_callback``); every process must pass the same whole value.
-    """
-    import jax
-
-    x = np.asarray(x)
-    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
-
-
-def gather_blocks(x) -> np.ndarray:
-    """A ``pmap`` result ``(n_local_devices, ...)`` -> all processes' blocks ``(n_devices, ...)``.
-
-    Under ``pmap`` each process holds the blocks of its own devices; they are concatenated in
-    process order, which is the order of ``jax.devices()`` (a collective, like :func:`to_host`).
-    """
-    if process_count() == 1 or not getattr(x, "is_fully_addressable", True):
-        return to_host(x)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def check_gather_size(nbytes: int, limit_gib: float, key: str) -> None:

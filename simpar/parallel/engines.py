@@ -1,6 +1,7 @@
 """Engines: where each block of a grid model lives and how its halo arrives.
 
-The same per-block step (``advance_block``) runs under four engines:
+The same per-block step (``advance_block``, ``simpar.parallel.grid_block``) runs under four
+engines, each a thin user of ``simpar.parallel.blocks`` (meshes, mapped programs, transfers):
 
 =========== ================================================================================
 ``single``   one device; the block is the whole domain, boundary conditions fill the halo.
@@ -31,33 +32,30 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
-from simpar.grid.model import GridModel, Params, State
-from simpar.grid.stencils import crop
-from simpar.parallel.distributed import gather_blocks, to_host
+from simpar.parallel import blocks
+from simpar.parallel.blocks import ENGINES, check_live, gather_blocks, to_host
+from simpar.parallel.grid_block import GridModel, Params, State, advance_block, observe_block
 from simpar.parallel.halo import (
     BlockedComm,
     LocalComm,
     PmapComm,
     ShardMapComm,
-    fill_edges,
     from_blocks,
     pad,
     to_blocks,
 )
 from simpar.parallel.topology import DeviceGrid, make_device_grid
 
-ENGINES = ("single", "pmap", "shard_map", "sharded")
+__all__ = ["ENGINES", "Engine", "GridModel", "advance_block", "make_engine", "observe_block"]
 
 
 def _traced(state) -> bool:
@@ -68,72 +66,6 @@ def _traced(state) -> bool:
 def _array(u):
     """``jax.Array``s (and tracers) as they are; anything else as a NumPy array."""
     return u if isinstance(u, jax.Array) else np.asarray(u)
-
-
-# --------------------------------------------------------------------------------------------
-# Per-block programs (the same for every engine; only ``comm`` differs)
-# --------------------------------------------------------------------------------------------
-def _exchange_and_steps(state: State, params: Params, model: GridModel, comm, w: int, nsub: int):
-    """Fill a halo of width ``w`` once, then take ``nsub`` steps on the shrinking halo."""
-    padded = {f: pad(u, w, model.bcs[f], comm) for f, u in state.items()}
-    k = w
-    for _ in range(nsub):
-        padded = model.update(padded, params)
-        k -= model.radius
-        padded = {f: fill_edges(u, k, model.bcs[f], comm) for f, u in padded.items()}
-    return {f: crop(u, k, model.ndim) for f, u in padded.items()}
-
-
-def advance_block(state: State, params: Params, n: int, *, model: GridModel, comm, w: int) -> State:
-    """Advance one block by ``n`` steps, exchanging a halo of width ``w`` every ``w // r`` steps.
-
-    Args:
-      state: field name -> block ``(*lead, n_0, ..., n_{d-1})`` (no halo).
-      params: model parameters (array leaves, replicated).
-      n: number of steps (static).
-      model: the grid model.
-      comm: ``LocalComm`` / ``PmapComm`` / ``ShardMapComm``.
-      w: halo width (a multiple of ``model.radius`` is most efficient).
-    """
-    per = max(w // model.radius, 1)
-    n_full, rem = divmod(int(n), per)
-    body = functools.partial(_exchange_and_steps, params=params, model=model, comm=comm, w=w)
-    if n_full:
-        state = lax.fori_loop(0, n_full, lambda i, s: body(s, nsub=per), state)
-    if rem:
-        state = body(state, nsub=rem)
-    return state
-
-
-def observe_block(state: State, params: Params, *, model: GridModel, comm, global_shape) -> dict:
-    """Global diagnostics from one block: per field sum/min/max, a profile, model sums.
-
-    The profile ``<field>_profile`` is the mean over every spatial axis but the last (for 2-D
-    fields: the x-average as a function of y). Per-block engines reduce it over the devices of
-    one grid column only (``axis_index_groups`` under pmap, a mesh sub-axis under shard_map).
-    """
-    d = model.ndim
-    out = {}
-    bad = jnp.zeros((), jnp.int32)
-    for f, u in state.items():
-        if not jnp.issubdtype(u.dtype, jnp.floating):
-            continue  # flags and masks (e.g. the LBM wall field) are not observables
-        bad = bad + jnp.sum(~jnp.isfinite(u)).astype(jnp.int32)
-        if model.diagnosed is not None and f not in model.diagnosed:
-            continue
-        out[f"{f}_sum"] = comm.psum(jnp.sum(u))
-        out[f"{f}_min"] = comm.pmin(jnp.min(u))
-        out[f"{f}_max"] = comm.pmax(jnp.max(u))
-        if u.ndim == d:
-            lead_axes = tuple(range(d - 1))
-            prof = comm.psum_over(jnp.sum(u, axis=lead_axes), lead_axes)
-            out[f"{f}_profile"] = prof / math.prod(global_shape[:-1])
-    out["nonfinite"] = comm.psum(bad)
-    if model.local_sums is not None:
-        padded = {f: pad(u, model.radius, model.bcs[f], comm) for f, u in state.items()}
-        for key, value in model.local_sums(padded, params).items():
-            out[key] = comm.psum(value)
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,6 +117,7 @@ class Engine:
         """
         if _traced(state):
             return dict(state)
+        check_live(state, f"{self.name} engine gather")
         return {f: to_host(u) for f, u in state.items()}
 
     # Running ---------------------------------------------------------------------------------
@@ -196,10 +129,15 @@ class Engine:
           params: model parameters (array leaves; differentiable).
           n: number of steps (static: a new ``n`` compiles a new chunk program).
           donate: let the result reuse ``state``'s buffers. ``state`` is then deleted and must
-            not be used again (the driver does this; a donated buffer used again raises
-            "Buffer has been deleted or donated", and has crashed the interpreter under
-            ``pmap``/``shard_map``/``sharded``). Default ``False``: ``state`` stays valid.
+            not be used again: :meth:`advance`, :meth:`observe` and :meth:`gather` then raise
+            ``blocks.DonatedStateError`` (JAX itself has crashed the interpreter on a reused
+            donated buffer under ``pmap``/``shard_map``/``sharded``). Default ``False``:
+            ``state`` stays valid.
+
+        Raises:
+          DonatedStateError: ``state`` was donated to an earlier call.
         """
+        check_live(state, f"{self.name} engine advance")
         key = (int(n), bool(donate))
         if key not in self._advance:
             self._advance[key] = self._compile_advance(int(n), donate=bool(donate))
@@ -207,6 +145,7 @@ class Engine:
 
     def observe(self, state, params: Params) -> dict[str, np.ndarray]:
         """Diagnostics as host NumPy values (scalars and 1-D profiles)."""
+        check_live(state, f"{self.name} engine observe")
         if self._observe is None:
             self._observe = self._compile_observe()
         return {k: to_host(v) for k, v in self._observe(state, params).items()}
@@ -242,21 +181,14 @@ class SingleEngine(Engine):
     name = "single"
 
     def place(self, state):
-        return {f: jax.device_put(_array(u), self.devices[0]) for f, u in state.items()}
+        check_live(state, f"{self.name} engine place")
+        return {f: blocks.place(u, self.devices[0]) for f, u in state.items()}
 
     def _compile_advance(self, n, donate=False):
         return jax.jit(self._whole_domain_advance(n), donate_argnums=0 if donate else ())
 
     def _compile_observe(self):
         return jax.jit(self._whole_domain_observe())
-
-
-def _mesh(grid: DeviceGrid, devices) -> Mesh:
-    return Mesh(
-        np.asarray(devices, dtype=object).reshape(grid.shape),
-        grid.axis_names,
-        axis_types=(AxisType.Auto,) * grid.ndim,
-    )
 
 
 class ShardedEngine(Engine):
@@ -274,34 +206,23 @@ class ShardedEngine(Engine):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.mesh = _mesh(self.grid, self.devices)
+        self.mesh = blocks.make_mesh(self.grid.shape, self.grid.axis_names, self.devices)
 
     def sharding(self, ndim: int) -> NamedSharding:
         """``NamedSharding`` of a global field with ``ndim`` axes: spatial axes split over the
         mesh, leading component axes whole."""
         lead = (None,) * (ndim - self.model.ndim)
-        return NamedSharding(self.mesh, P(*lead, *self.grid.axis_names))
+        return blocks.sharding(self.mesh, *lead, *self.grid.axis_names)
 
     def _block_sharding(self, ndim: int) -> NamedSharding:
         rest = (None,) * (ndim - self.grid.ndim)
-        return NamedSharding(self.mesh, P(*self.grid.axis_names, *rest))
+        return blocks.sharding(self.mesh, *self.grid.axis_names, *rest)
 
     def place(self, state):
-        out = {}
-        for f, u in state.items():
-            if isinstance(u, jax.core.Tracer):
-                # a sharding constraint (unlike device_put) keeps a vmapped batch axis whole
-                out[f] = lax.with_sharding_constraint(u, self.sharding(u.ndim))
-                continue
-            if isinstance(u, jax.Array):  # already on devices: a copy in the layout
-                out[f] = jax.device_put(u, self.sharding(u.ndim))
-                continue
-            # host data: each process materialises only the shards its own devices hold
-            u = np.asarray(u)
-            out[f] = jax.make_array_from_callback(
-                u.shape, self.sharding(u.ndim), lambda idx, u=u: u[idx]
-            )
-        return out
+        # tracers: a sharding constraint; device arrays: a copy in the layout; host data:
+        # each process materialises only the shards its own devices hold
+        check_live(state, f"{self.name} engine place")
+        return {f: blocks.place(u, self.sharding(np.ndim(u))) for f, u in state.items()}
 
     def _compile_advance(self, n, donate=False):
         g, d = self.grid.shape, self.model.ndim
@@ -374,9 +295,7 @@ class ShardMapEngine(ShardedEngine):
 
         def step(state, params):
             specs = self._specs(state)
-            return jax.shard_map(
-                f, mesh=self.mesh, in_specs=(specs, self.params_spec), out_specs=specs
-            )(state, params)
+            return blocks.shard_map(f, self.mesh, (specs, self.params_spec), specs)(state, params)
 
         return jax.jit(step, donate_argnums=0 if donate else ())
 
@@ -388,11 +307,11 @@ class ShardMapEngine(ShardedEngine):
         obs = self._per_block(obs)
 
         def run(state, params):
-            return jax.shard_map(
+            return blocks.shard_map(
                 obs,
-                mesh=self.mesh,
-                in_specs=(self._specs(state), self.params_spec),
-                out_specs=self._observe_specs(state, params),
+                self.mesh,
+                (self._specs(state), self.params_spec),
+                self._observe_specs(state, params),
             )(state, params)
 
         return jax.jit(run)
@@ -417,41 +336,31 @@ class PmapEngine(Engine):
         if _traced(state):
             # the pmapped chunk distributes the stacked blocks itself
             return {f: self._blocks(u) for f, u in state.items()}
-        return {f: self._put(self._blocks(_array(u))) for f, u in state.items()}
-
-    def _put(self, blocks: np.ndarray):
-        # an identity pmap places block i on device i (device_put_sharded is deprecated); in a
-        # multi-process run each process passes the blocks of its own devices only
-        mine = [i for i, d in enumerate(self.devices) if d.process_index == jax.process_index()]
-        if len(mine) < len(self.devices):
-            blocks = blocks[mine]
-        return jax.pmap(lambda x: x, devices=self.devices)(blocks)
+        check_live(state, f"{self.name} engine place")
+        # block i on device i; in a multi-process run each process places its own blocks
+        return {
+            f: blocks.put_blocks(self._blocks(_array(u)), self.devices) for f, u in state.items()
+        }
 
     def gather(self, state):
         if _traced(state):
             return {f: self._unblocks(u) for f, u in state.items()}
+        check_live(state, f"{self.name} engine gather")
         return {f: self._unblocks(gather_blocks(u)) for f, u in state.items()}
 
     def _compile_advance(self, n, donate=False):
-        comm = PmapComm(self.grid, "dev")
+        comm = PmapComm(self.grid, blocks.PMAP_AXIS)
         f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
-        return jax.pmap(
-            f,
-            axis_name="dev",
-            in_axes=(0, None),
-            devices=self.devices,
-            donate_argnums=0 if donate else (),
-        )
+        return blocks.pmap(f, self.devices, in_axes=(0, None), donate=donate)
 
     def _compile_observe(self):
-        comm = PmapComm(self.grid, "dev")
-        obs = jax.pmap(
+        comm = PmapComm(self.grid, blocks.PMAP_AXIS)
+        obs = blocks.pmap(
             functools.partial(
                 observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
             ),
-            axis_name="dev",
+            self.devices,
             in_axes=(0, None),
-            devices=self.devices,
         )
         # the devices at coordinate 0 of every axis but the last hold one profile segment each
         column = [
@@ -494,40 +403,24 @@ def make_engine(
     Raises:
       ConfigError: unknown engine, too few devices, or a mesh that does not tile the domain.
     """
-    if name not in _ENGINE_CLASSES:
-        raise ConfigError(
-            "--engine", f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}"
-        )
+    blocks.check_engine(name)
     available = list(devices) if devices is not None else jax.devices()
-    if name == "single":
-        mesh = (1,)  # one device whatever the mesh, as on the command line
-    elif mesh is None:
-        mesh = (len(available),)
+    mesh = blocks.default_mesh(name, mesh, len(available))
     if halo is None:
         # 4 steps per exchange by default: one halo fill then four fused stencil passes ran
         # 2x faster than a fill per step (experiments/bench_heat.py); capped by the block size
-        blocks = [
+        sizes = [
             n // m
             for n, m in zip(domain_shape, tuple(mesh) + (1,) * len(domain_shape), strict=False)
         ]
-        halo = max(model.radius, min(4 * model.radius, min(blocks)) // model.radius * model.radius)
+        halo = max(model.radius, min(4 * model.radius, min(sizes)) // model.radius * model.radius)
     halo = int(halo)
     if halo < model.radius:
         raise ConfigError(
             "parallel.halo",
             f"halo width {halo} is below the stencil radius {model.radius} of model {model.name}",
         )
-    if name == "single" and jax.process_count() > 1:
-        raise ConfigError(
-            "--engine",
-            f"engine 'single' runs in one process; this run has {jax.process_count()} "
-            "(use pmap, shard_map or sharded)",
-        )
+    blocks.require_one_process(name)
     grid = make_device_grid(mesh, domain_shape, model.periodic, halo)
-    if grid.size > len(available):
-        raise ConfigError(
-            "--mesh",
-            f"mesh {'x'.join(map(str, grid.shape))} needs {grid.size} devices but only {len(available)} "
-            f"are available (on CPU, pass --devices {grid.size})",
-        )
+    blocks.require_devices(grid.shape, len(available))
     return _ENGINE_CLASSES[name](model, domain_shape, grid, halo, available[: grid.size])

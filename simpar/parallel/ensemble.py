@@ -27,13 +27,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
-from simpar.parallel.distributed import gather_blocks
+from simpar.parallel import blocks
+from simpar.parallel.blocks import gather_blocks
 from simpar.parallel.engines import (
     Engine,
     PmapEngine,
@@ -68,6 +68,9 @@ class GroupedPmapComm(PmapComm):
         pairs = self._offset([list(p) for p in self.grid.shift_pairs(axis, direction)])
         return lax.ppermute(x, self.axis_name, [tuple(p) for p in pairs])
 
+    def ring_pairs(self):
+        return [tuple(p) for p in self._offset([list(p) for p in super().ring_pairs()])]
+
     # coord: (flat // stride) % shape[axis] is already the member-local coordinate, since
     # grid.size is a multiple of stride * shape[axis]
 
@@ -92,12 +95,8 @@ class GroupedPmapComm(PmapComm):
         return self._grouped(lax.psum, x, self.grid.groups(axes))
 
 
-def _ensemble_mesh(members: int, grid, devices) -> Mesh:
-    return Mesh(
-        np.asarray(devices, dtype=object).reshape((members, *grid.shape)),
-        (MEMBER_AXIS, *grid.axis_names),
-        axis_types=(AxisType.Auto,) * (grid.ndim + 1),
-    )
+def _ensemble_mesh(members: int, grid, devices):
+    return blocks.make_mesh((members, *grid.shape), (MEMBER_AXIS, *grid.axis_names), devices)
 
 
 class _VmappedMembers:
@@ -136,7 +135,7 @@ class ShardedEnsemble(_VmappedMembers, ShardedEngine):
         """``NamedSharding`` of an ensemble field ``(members, *lead, *spatial)``: members over
         the member axis, spatial axes over the grid axes."""
         lead = (None,) * (ndim - 1 - self.model.ndim)
-        return NamedSharding(self.mesh, P(MEMBER_AXIS, *lead, *self.grid.axis_names))
+        return blocks.sharding(self.mesh, MEMBER_AXIS, *lead, *self.grid.axis_names)
 
     def _compile_advance(self, n, donate=False):
         # the vmapped whole-domain step (not ShardedEngine's blocked view, which has no member
@@ -213,26 +212,19 @@ class PmapEnsemble(PmapEngine):
         return jax.tree.map(lambda p: jnp.repeat(p, self.grid.size, axis=0), params)
 
     def _compile_advance(self, n, donate=False):
-        comm = GroupedPmapComm(self.grid, self.members, "dev")
+        comm = GroupedPmapComm(self.grid, self.members, blocks.PMAP_AXIS)
         f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
-        pm = jax.pmap(
-            f,
-            axis_name="dev",
-            in_axes=(0, 0),
-            devices=self.devices,
-            donate_argnums=0 if donate else (),
-        )
+        pm = blocks.pmap(f, self.devices, in_axes=(0, 0), donate=donate)
         return lambda state, params: pm(state, self._per_device(params))
 
     def _compile_observe(self):
-        comm = GroupedPmapComm(self.grid, self.members, "dev")
-        obs = jax.pmap(
+        comm = GroupedPmapComm(self.grid, self.members, blocks.PMAP_AXIS)
+        obs = blocks.pmap(
             functools.partial(
                 observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
             ),
-            axis_name="dev",
+            self.devices,
             in_axes=(0, 0),
-            devices=self.devices,
         )
         g = self.grid
         column = [g.index((0,) * (g.ndim - 1) + (j,)) for j in range(g.shape[-1])]
@@ -281,15 +273,9 @@ def make_ensemble_engine(
     available = list(devices) if devices is not None else jax.devices()
     if members < 1:
         raise ConfigError("ensemble.members", f"must be >= 1, got {members}")
-    if mesh is None and name != "single":
-        mesh = (max(len(available) // members, 1),)
+    mesh = blocks.default_mesh(name, mesh, len(available), members)
     base = make_engine(name, model, domain_shape, mesh, halo, available)
+    if name != "single":  # single vmaps every member on one device
+        blocks.require_devices(base.grid.shape, len(available), "ensemble.members", members)
     need = members * base.grid.size if name != "single" else 1
-    if need > len(available):
-        raise ConfigError(
-            "ensemble.members",
-            f"{members} members x mesh {'x'.join(map(str, base.grid.shape))} need {need} "
-            f"devices but only {len(available)} are available (fewer members, a smaller "
-            f"mesh, or on CPU --devices {need})",
-        )
     return _CLASSES[name](model, domain_shape, base.grid, base.halo, available[:need], members)

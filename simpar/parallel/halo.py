@@ -43,9 +43,24 @@ class Comm:
 
     ndim: int
 
+    @property
+    def size(self) -> int:
+        """Number of devices (blocks) in the program."""
+        return self.grid.size
+
     def extent(self, axis: int) -> int:
         """Number of devices along grid ``axis`` (1: the block spans the axis)."""
         raise NotImplementedError
+
+    def ring_shift(self, x):
+        """``x`` from the previous device of the flat (C) order: device ``i`` sends its ``x``
+        to device ``i + 1 mod size`` (the ring of ``simpar.parallel.ring``)."""
+        raise NotImplementedError
+
+    def ring_pairs(self) -> list[tuple[int, int]]:
+        """The ``(source, destination)`` pairs of :meth:`ring_shift` over the flat index."""
+        n = self.size
+        return [(i, (i + 1) % n) for i in range(n)]
 
     def shift(self, x, axis: int, direction: int):
         """``x`` from the neighbour at ``-direction`` along ``axis`` (each device sends its
@@ -99,8 +114,15 @@ class LocalComm(Comm):
     def __init__(self, ndim: int):
         self.ndim = ndim
 
+    @property
+    def size(self) -> int:
+        return 1
+
     def extent(self, axis: int) -> int:
         return 1
+
+    def ring_shift(self, x):  # a ring of one block: it sends to itself
+        return x
 
     def shift(self, x, axis: int, direction: int):  # pragma: no cover - never called
         raise RuntimeError("LocalComm has no neighbours")
@@ -142,6 +164,9 @@ class PmapComm(Comm):
 
     def shift(self, x, axis: int, direction: int):
         return lax.ppermute(x, self.axis_name, self.grid.shift_pairs(axis, direction))
+
+    def ring_shift(self, x):
+        return lax.ppermute(x, self.axis_name, self.ring_pairs())
 
     def coord(self, axis: int, ndim: int | None = None):
         stride = 1
@@ -190,6 +215,10 @@ class ShardMapComm(Comm):
 
     def shift(self, x, axis: int, direction: int):
         return lax.ppermute(x, self.names[axis], self.grid.axis_pairs(axis, direction))
+
+    def ring_shift(self, x):
+        # over every mesh axis at once: the flat index is the C-order device index
+        return lax.ppermute(x, self.names, self.ring_pairs())
 
     def coord(self, axis: int, ndim: int | None = None):
         return lax.axis_index(self.names[axis])
@@ -275,6 +304,22 @@ def from_blocks(b, grid_shape: Sequence[int], d: int):
     return b.transpose(order).reshape(
         *b.shape[d : d + nl], *(n * m for n, m in zip(blk, grid_shape, strict=True))
     )
+
+
+def crop(x: jax.Array, k: int, d: int) -> jax.Array:
+    """The interior of a block padded by ``k`` on its trailing ``d`` axes (inverse of ``pad``).
+
+    Args:
+      x: padded block ``(*lead, n_0 + 2k, ..., n_{d-1} + 2k)``.
+      k: halo width to drop.
+      d: number of trailing spatial axes.
+
+    Returns:
+      ``(*lead, n_0, ..., n_{d-1})``.
+    """
+    lead = x.ndim - d
+    limits = list(x.shape[:lead]) + [x.shape[lead + a] - k for a in range(d)]
+    return lax.slice(x, [0] * lead + [k] * d, limits)
 
 
 def _slice(x, axis: int, start: int, stop: int):

@@ -19,10 +19,9 @@ import io
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from simpar.parallel.topology import AXIS_NAMES
+from simpar.axes import AXIS_NAMES
+from simpar.parallel import blocks as _blocks
 
 
 def blocks(engine) -> list[dict]:
@@ -49,11 +48,8 @@ def _picture(engine) -> str:
     shape = engine.domain_shape
     if engine.name == "pmap":
         # the flat pmap axis mapped back to the grid: device i at grid.coords(i)
-        mesh = Mesh(
-            np.asarray(engine.devices, dtype=object).reshape(engine.grid.shape),
-            engine.grid.axis_names,
-        )
-        x = jax.device_put(np.zeros(shape, np.int8), NamedSharding(mesh, P(*mesh.axis_names)))
+        mesh = _blocks.make_mesh(engine.grid.shape, engine.grid.axis_names, engine.devices)
+        x = jax.device_put(np.zeros(shape, np.int8), _blocks.sharding(mesh, *mesh.axis_names))
     else:
         x = engine.place({"u": np.zeros(shape, np.int8)})["u"]
     buf = io.StringIO()

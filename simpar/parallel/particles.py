@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from simpar.parallel import blocks
+
+AXIS = "particles"
 
 
 def shard_particles(tree, n_devices: int, capacity: int):
@@ -19,18 +22,18 @@ def shard_particles(tree, n_devices: int, capacity: int):
       tree: any pytree of arrays (state, parameters).
       n_devices: devices on the 1-D mesh axis ``"particles"`` (must divide ``capacity``).
       capacity: particle buffer length (valid + padding slots).
+
+    Returns:
+      ``tree`` with every array leaf a ``jax.Array``: ``(capacity, ...)`` leaves sharded along
+      their first axis, the others replicated; non-array leaves unchanged.
     """
-    mesh = jax.make_mesh(
-        (n_devices,), ("particles",), axis_types=(AxisType.Auto,), devices=jax.devices()[:n_devices]
-    )
+    mesh = blocks.make_mesh((n_devices,), (AXIS,), jax.devices()[:n_devices])
 
     def put(x):
         if not isinstance(x, jax.Array | np.ndarray):
             return x
         if x.ndim >= 1 and x.shape[0] == capacity:
-            spec = PartitionSpec("particles", *([None] * (x.ndim - 1)))
-        else:
-            spec = PartitionSpec()
-        return jax.device_put(x, NamedSharding(mesh, spec))
+            return jax.device_put(x, blocks.sharding(mesh, AXIS, *([None] * (x.ndim - 1))))
+        return jax.device_put(x, blocks.sharding(mesh))
 
     return jax.tree.map(put, tree)

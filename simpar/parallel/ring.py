@@ -1,30 +1,28 @@
-"""All-pairs N-body forces on a device ring, and the four N-body engines.
+"""All-pairs sums on a device ring, and the four engines of an all-pairs particle model.
 
-The ring algorithm (pmap and shard_map engines): particles are split into ``n_dev`` equal
-blocks, one per device. Each device keeps its own block as *targets* and sends a copy of
-it (positions and masses packed as one ``(n, 4)`` array) around the ring with
-``lax.ppermute``; after ``n_dev - 1`` shifts every target block has met every source
-block, and the forces are the sum of the per-block kernel
-``simpar.particles.nbody.accelerations``. The shift of the next block is issued before
-the current block's forces are computed, so the transfer can overlap with compute.
+The ring algorithm (``pmap`` and ``shard_map`` engines): particles are split into ``n_dev``
+equal blocks, one per device. Each device keeps its own block as *targets* and sends a copy
+of its *sources* (e.g. positions and masses, packed as one ``(n, k)`` array) around the ring
+(``Comm.ring_shift``); after ``n_dev - 1`` shifts every target block has met every source
+block, and a pair kernel's result is the sum over the source blocks. The shift of the next
+block is issued before the current block's kernel runs, so the transfer can overlap with
+compute.
 
-Summation order: ``single`` sums over all sources in one reduction; the ring adds the
-``n_dev`` partial block sums in ring order starting with the device's own block. The
-results therefore agree to round-off, not bitwise (tests use a tolerance relative to
-the largest acceleration).
+Summation order: ``single`` and ``sharded`` sum over all sources in one kernel call; the ring
+adds the ``n_dev`` partial block sums in ring order starting with the device's own block. The
+results therefore agree to round-off, not bitwise.
 
-Engines (``ENGINES``):
-- ``single``: one device, the all-pairs kernel under ``jax.jit``.
-- ``pmap``: ``jax.pmap`` over a flat axis; arrays laid out ``(n_dev, N / n_dev, ...)``.
-- ``shard_map``: the same per-block function under ``jax.shard_map`` on a 1-D mesh
-  (``Explicit`` axis); global ``(N, ...)`` arrays sharded along the particle axis.
+This module knows no physics: a model hands in its per-block programs (:class:`RingKernels`),
+written once against a :class:`Ring` (sum a pair kernel over every source block, sum a value
+over the blocks), and :func:`make_ring_engine` maps them over the devices with
+``simpar.parallel.blocks``:
+
+- ``single``: one device, the programs under ``jax.jit`` (the ring is the one block).
+- ``pmap``: ``blocks.pmap`` over a flat axis; arrays laid out ``(n_dev, N / n_dev, ...)``.
+- ``shard_map``: ``blocks.shard_map`` on a 1-D mesh; global ``(N, ...)`` arrays sharded along
+  the particle axis.
 - ``sharded``: global arrays with ``NamedSharding`` on an ``Auto`` 1-D mesh and the
-  unchanged single-device step under ``jax.jit``; XLA partitions the all-pairs kernel.
-
-All engines run many leapfrog steps per dispatch (``lax.fori_loop`` inside the
-pmap/shard_map/jit); the number of steps is a traced argument, so one compilation
-serves every chunk length. State stays on the devices between chunks when the
-``NBodyEngine`` methods are used directly.
+  single-device programs under ``jax.jit``; XLA partitions the all-pairs kernel.
 
 N must be divisible by the number of devices (else ``ConfigError``); no padding is done.
 
@@ -46,61 +44,51 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
-from simpar.parallel.distributed import gather_blocks, put_blocks, put_global, to_host
-from simpar.particles.nbody import (
-    NBodyParams,
-    NBodyState,
-    Observables,
-    accelerations,
-    block_observables,
-    leapfrog_step,
-    potentials,
-)
+from simpar.parallel import blocks
+from simpar.parallel.blocks import ENGINES
+from simpar.parallel.halo import Comm, PmapComm, ShardMapComm
+from simpar.parallel.topology import DeviceGrid
 
-ENGINES = ("single", "pmap", "shard_map", "sharded")
-AXIS = "dev"
-
-
-# --------------------------------------------------------------------------- ring
+__all__ = [
+    "ENGINES",
+    "Ring",
+    "RingEngine",
+    "RingKernels",
+    "check_layout",
+    "make_ring_engine",
+    "ring_sum",
+]
 
 
-def ring_sum(
-    fn: Callable[[Any, jax.Array], Any],
-    targets: Any,
-    sources: jax.Array,
-    axis_name: str,
-    n_dev: int,
-) -> Any:
-    """``sum_k fn(targets, sources of block k)`` over all ``n_dev`` blocks of the ring.
+def ring_sum(fn: Callable[[Any, jax.Array], Any], targets: Any, sources: jax.Array, comm: Comm):
+    """``sum_k fn(targets, sources of block k)`` over every block of the ring.
 
-    Must be called inside ``pmap``/``shard_map`` over ``axis_name``. Uses ``n_dev - 1``
-    ``ppermute`` shifts (device ``i`` sends to ``i + 1 mod n_dev``); the sum starts
-    with the local block and then adds the blocks of devices ``i-1, i-2, ...``.
+    Must be called inside the program that ``comm`` serves (``pmap`` for ``PmapComm``,
+    ``shard_map`` for ``ShardMapComm``). Uses ``n_dev - 1`` ``comm.ring_shift`` (device ``i``
+    sends to ``i + 1 mod n_dev``); the sum starts with the local block and then adds the blocks
+    of devices ``i-1, i-2, ...``.
 
     Args:
       fn: per-block kernel ``(targets, sources_block) -> pytree of arrays``.
       targets: the local targets (passed to ``fn`` unchanged).
       sources: (n, k) array, the local source block that travels around the ring.
-      axis_name: the mapped axis.
-      n_dev: size of that axis (static).
+      comm: the ring's devices (``comm.size`` of them, static).
 
     Returns:
       The summed pytree, shaped like ``fn``'s output.
     """
+    n_dev = comm.size
     total = fn(targets, sources)
     if n_dev == 1:
         return total
-    perm = [(i, (i + 1) % n_dev) for i in range(n_dev)]
-    src = lax.ppermute(sources, axis_name, perm)
+    src = comm.ring_shift(sources)
 
     def body(_, carry):
         src, total = carry
         # The next shift does not depend on this block's compute: they can overlap.
-        nxt = lax.ppermute(src, axis_name, perm)
+        nxt = comm.ring_shift(src)
         total = jax.tree.map(jnp.add, total, fn(targets, src))
         return nxt, total
 
@@ -108,116 +96,81 @@ def ring_sum(
     return jax.tree.map(jnp.add, total, fn(targets, src))
 
 
-def _pack(pos: jax.Array, mass: jax.Array) -> jax.Array:
-    return jnp.concatenate([pos, mass[:, None]], axis=1)
-
-
-def ring_accelerations(
-    pos: jax.Array,
-    mass: jax.Array,
-    G: jax.Array,
-    eps: jax.Array,
-    axis_name: str,
-    n_dev: int,
-    target_block: int | None = None,
-) -> jax.Array:
-    """Accelerations of the local block due to all blocks (inside pmap/shard_map).
+class Ring:
+    """What a block's all-pairs programs ask of the engine.
 
     Args:
-      pos: (n, 3) local positions; mass: (n,) local masses; G, eps: () scalars.
-      axis_name, n_dev: the ring axis and its size (static).
-      target_block: kernel tiling (see ``nbody.accelerations``), static.
-
-    Returns:
-      (n, 3) accelerations.
+      comm: the ring's ``Comm`` (``PmapComm``/``ShardMapComm`` on a periodic 1-D device grid),
+        or ``None`` when the block is the whole system (``single``, ``sharded``).
     """
 
-    def kernel(t, s):
-        return accelerations(t, s[:, :3], s[:, 3], G, eps, target_block=target_block)
+    def __init__(self, comm: Comm | None = None):
+        self.comm = comm
 
-    return ring_sum(kernel, pos, _pack(pos, mass), axis_name, n_dev)
+    def over_sources(self, fn: Callable, targets, *sources: jax.Array):
+        """``fn(targets, *sources)`` summed over every source block.
 
+        Args:
+          fn: pair kernel ``(targets, *source arrays of one block) -> pytree``.
+          targets: the local targets.
+          *sources: this block's source arrays, each ``(n,)`` or ``(n, k)``; on a ring they
+            travel packed as one ``(n, sum k)`` array.
 
-def ring_potentials(
-    pos: jax.Array,
-    mass: jax.Array,
-    G: jax.Array,
-    eps: jax.Array,
-    axis_name: str,
-    n_dev: int,
-    target_block: int | None = None,
-) -> jax.Array:
-    """Potential at the local block's particles due to all blocks; (n,)."""
+        Returns:
+          ``fn``'s pytree, summed over the blocks (whole system: one call of ``fn``).
+        """
+        if self.comm is None:
+            return fn(targets, *sources)
+        cols = [s[:, None] if s.ndim == 1 else s for s in sources]
+        edges = np.cumsum([0] + [c.shape[1] for c in cols])
 
-    def kernel(t, s):
-        return potentials(t, s[:, :3], s[:, 3], G, eps, target_block=target_block)
+        def unpacked(t, packed):
+            parts = [
+                packed[:, a] if s.ndim == 1 else packed[:, a:b]
+                for s, a, b in zip(sources, edges[:-1], edges[1:], strict=True)
+            ]
+            return fn(t, *parts)
 
-    return ring_sum(kernel, pos, _pack(pos, mass), axis_name, n_dev)
+        return ring_sum(unpacked, targets, jnp.concatenate(cols, axis=1), self.comm)
 
-
-# -------------------------------------------------------------- per-block programs
-
-
-def _block_init(pos, vel, mass, params: NBodyParams, axis_name, n_dev, tb) -> NBodyState:
-    acc = ring_accelerations(pos, mass, params.G, params.eps, axis_name, n_dev, tb)
-    return NBodyState(pos=pos, vel=vel, acc=acc, mass=mass)
-
-
-def _block_observables(state: NBodyState, params: NBodyParams, axis_name, n_dev, tb):
-    phi = ring_potentials(state.pos, state.mass, params.G, params.eps, axis_name, n_dev, tb)
-    obs = block_observables(state.pos, state.vel, state.mass, phi)
-    return lax.psum(obs, axis_name)
+    def total(self, x):
+        """``x`` summed over the blocks (a pytree; the whole system: ``x``)."""
+        return x if self.comm is None else self.comm.psum(x)
 
 
-def _block_run(state: NBodyState, params: NBodyParams, n_steps, axis_name, n_dev, tb):
-    def accel_fn(pos, mass):
-        return ring_accelerations(pos, mass, params.G, params.eps, axis_name, n_dev, tb)
+class RingKernels(NamedTuple):
+    """A model's per-block programs; each takes a keyword ``ring`` (:class:`Ring`).
 
-    state = lax.fori_loop(0, n_steps, lambda _, s: leapfrog_step(s, params.dt, accel_fn), state)
-    return state, _block_observables(state, params, axis_name, n_dev, tb)
+    Attributes:
+      init: ``(pos, vel, mass, params, *, ring) -> state``: arrays ``(n, ...)`` of the block,
+        ``params`` replicated; the state is a pytree of ``(n, ...)`` arrays whose first leaf
+        has the model's float dtype.
+      run: ``(state, params, n_steps, *, ring) -> (state, observables)``: ``n_steps`` (a traced
+        int) steps, then whole-system observables (``ring.total``).
+      observe: ``(state, params, *, ring) -> observables`` (whole system, replicated).
+    """
 
-
-# -------------------------------------------------------- whole-system programs
-
-
-def _global_init(pos, vel, mass, params: NBodyParams, tb) -> NBodyState:
-    acc = accelerations(pos, pos, mass, params.G, params.eps, target_block=tb)
-    return NBodyState(pos=pos, vel=vel, acc=acc, mass=mass)
-
-
-def _global_observables(state: NBodyState, params: NBodyParams, tb) -> Observables:
-    phi = potentials(state.pos, state.pos, state.mass, params.G, params.eps, target_block=tb)
-    return block_observables(state.pos, state.vel, state.mass, phi)
+    init: Callable
+    run: Callable
+    observe: Callable
 
 
-def _global_run(state: NBodyState, params: NBodyParams, n_steps, tb):
-    def accel_fn(pos, mass):
-        return accelerations(pos, pos, mass, params.G, params.eps, target_block=tb)
+class RingEngine(NamedTuple):
+    """Compiled programs of one engine and device count.
 
-    state = lax.fori_loop(0, n_steps, lambda _, s: leapfrog_step(s, params.dt, accel_fn), state)
-    return state, _global_observables(state, params, tb)
-
-
-# ------------------------------------------------------------------------ engines
-
-
-class NBodyEngine(NamedTuple):
-    """Compiled N-body programs for one engine and device count.
-
-    ``init``/``run``/``observables`` take and return *device state* in the engine's
-    layout (``(n_dev, N / n_dev, ...)`` for pmap, global ``(N, ...)`` arrays otherwise);
-    use ``fetch`` to get a whole-system ``NBodyState`` of NumPy arrays.
+    ``init``/``run``/``observables`` take and return *device state* in the engine's layout
+    (``(n_dev, N / n_dev, ...)`` for pmap, global ``(N, ...)`` arrays otherwise); ``fetch``
+    gives the whole-system state as NumPy arrays.
 
     Attributes:
       name: engine name; n_devices: ring size (1 for ``single``).
-      init: ``(pos (N,3), vel (N,3), mass (N,), params) -> device state`` with the
-        accelerations computed by this engine.
-      run: ``(device state, params, n_steps) -> (device state, Observables)``: n_steps
-        leapfrog steps in one dispatch (n_steps is traced: no recompilation per value).
-      observables: ``(device state, params) -> Observables`` (replicated, whole system).
-      fetch: ``device state -> NBodyState`` of NumPy (N, ...) arrays.
-      place: ``NBodyState`` of whole-system (N, ...) arrays -> device state, unchanged
-        (accelerations included: a restart continues bit for bit).
+      init: ``(pos (N,3), vel (N,3), mass (N,), params) -> device state``.
+      run: ``(device state, params, n_steps) -> (device state, observables)``: n_steps steps
+        in one dispatch (n_steps is traced: no recompilation per value).
+      observables: ``(device state, params) -> observables`` (replicated, whole system).
+      fetch: ``device state -> state`` of NumPy (N, ...) arrays.
+      place: state of whole-system (N, ...) arrays -> device state, unchanged (a restart
+        continues bit for bit).
     """
 
     name: str
@@ -231,33 +184,11 @@ class NBodyEngine(NamedTuple):
 
 def check_layout(n: int, engine: str, n_devices: int) -> None:
     """Raise ``ConfigError`` unless ``n`` particles can run on ``engine`` x ``n_devices``."""
-    if engine not in ENGINES:
-        raise ConfigError("parallel.engine", f"{engine!r} is not one of {', '.join(ENGINES)}")
-    available = len(jax.devices())
-    if n_devices < 1 or n_devices > available:
-        raise ConfigError(
-            "parallel.devices", f"{n_devices} devices requested, JAX sees {available}"
-        )
+    blocks.check_engine(engine, "parallel.engine")
+    blocks.require_count(n_devices, "parallel.devices")
     if jax.process_count() > 1:
-        if engine == "single":
-            raise ConfigError(
-                "--engine",
-                f"engine 'single' runs in one process; this run has {jax.process_count()} "
-                "(use pmap, shard_map or sharded)",
-            )
-        idle = sorted(
-            {d.process_index for d in jax.devices()}
-            - {d.process_index for d in jax.devices()[:n_devices]}
-        )
-        if idle:
-            raise ConfigError(
-                "parallel.devices",
-                f"a ring of {n_devices} devices (the first {n_devices} of "
-                f"{available}, listed by process) leaves process(es) {idle} without a "
-                f"device; across {jax.process_count()} processes the ring must include a "
-                f"device of each: use all {available} (the default) or a count that reaches "
-                "the last process",
-            )
+        blocks.require_one_process(engine)
+        blocks.require_every_process(n_devices, f"a ring of {n_devices} devices")
     if engine == "single" and n_devices != 1:
         raise ConfigError("parallel.devices", f"engine 'single' runs on 1 device, got {n_devices}")
     if n % n_devices:
@@ -269,211 +200,114 @@ def check_layout(n: int, engine: str, n_devices: int) -> None:
         )
 
 
-def _fetch_global(state: NBodyState) -> NBodyState:
-    return NBodyState(*(to_host(a) for a in state))
+class _Layout(NamedTuple):
+    """How one engine holds the data its programs take and give."""
+
+    put: Callable  # whole-system host array (N, ...) -> the engine's layout
+    fetch: Callable  # the engine's layout -> host NumPy (N, ...)
+    params: Callable  # (params, dtype) -> params as the programs take them
+    count: Callable  # n_steps -> as the run program takes it
+    result: Callable  # the programs' replicated observables -> as returned
 
 
-def _cast(params: NBodyParams, dtype) -> NBodyParams:
-    return NBodyParams(*(jnp.asarray(p, dtype) for p in params))
+def _cast(params, dtype):
+    return jax.tree.map(lambda p: jnp.asarray(p, dtype), params)
 
 
-def default_target_block(engine: str) -> int | None:
-    """Kernel tiling for ``engine`` on the default backend: 64 targets at a time on CPU
-    (cache-sized pair arrays, ~3x faster), whole blocks elsewhere (GPUs want one big
-    parallel kernel). The ``sharded`` engine keeps the untiled kernel so that XLA can
-    partition it (a sequential loop over a sharded axis would not be)."""
-    if engine == "sharded" or jax.default_backend() != "cpu":
-        return None
-    return 64
+def _layout(engine: str, devices, mesh) -> _Layout:
+    n = len(devices)
+    if engine == "single":
+
+        def put(a):
+            return jax.device_put(jnp.asarray(a), devices[0])
+
+        return _Layout(put, blocks.to_host, _cast, lambda k: k, lambda o: o)
+    if engine == "pmap":
+        return _Layout(
+            lambda a: blocks.put_blocks(blocks.stack(a, n), devices),
+            # every process's blocks, in ring order (a collective)
+            lambda a: blocks.gather_blocks(a).reshape((-1,) + a.shape[2:]),
+            _cast,
+            lambda k: k,
+            lambda o: jax.tree.map(lambda x: x[0], o),  # psum results are replicated
+        )
+    part, repl = blocks.sharding(mesh, mesh.axis_names[0]), blocks.sharding(mesh)
+    return _Layout(
+        lambda a: blocks.put_global(a, part),
+        blocks.to_host,
+        # replicated on every device of every process
+        lambda p, dtype: jax.tree.map(lambda x: blocks.put_global(np.asarray(x, dtype), repl), p),
+        lambda k: blocks.put_global(np.asarray(k, np.int32), repl),
+        lambda o: jax.tree.map(blocks.to_host, o),  # may span processes
+    )
 
 
-def make_engine(
-    engine: str, n_devices: int = 1, target_block: int | None | str = "auto"
-) -> NBodyEngine:
-    """Build (and cache) the programs of one engine on the first ``n_devices`` devices.
+def _mapped(engine: str, fn: Callable, devices, mesh, ins: tuple, outs):
+    """One per-block program under ``engine``.
+
+    ``ins`` says per argument and ``outs`` per output (a pytree prefix) whether it is split
+    over the blocks (``True``: particle arrays) or replicated (``False``).
+    """
+    if engine in ("single", "sharded"):  # the block is the whole system
+        f = functools.partial(fn, ring=Ring())
+        if engine == "single":
+            return jax.jit(f)
+        part, repl = blocks.sharding(mesh, mesh.axis_names[0]), blocks.sharding(mesh)
+        return jax.jit(f, out_shardings=jax.tree.map(lambda s: part if s else repl, outs))
+    grid = DeviceGrid((len(devices),), (True,))
+    if engine == "pmap":
+        f = functools.partial(fn, ring=Ring(PmapComm(grid, blocks.PMAP_AXIS)))
+        return blocks.pmap(f, devices, in_axes=tuple(0 if s else None for s in ins))
+    f = functools.partial(fn, ring=Ring(ShardMapComm(grid)))
+
+    def spec(split):
+        return jax.P(grid.axis_names[0]) if split else jax.P()
+
+    in_specs = tuple(spec(s) for s in ins)
+    return jax.jit(blocks.shard_map(f, mesh, in_specs, jax.tree.map(spec, outs)))
+
+
+def make_ring_engine(engine: str, n_devices: int, kernels: RingKernels) -> RingEngine:
+    """Map a model's per-block programs over the first ``n_devices`` devices.
 
     Args:
       engine: one of ``ENGINES``.
       n_devices: ring size; must be 1 for ``single``.
-      target_block: kernel tiling (``nbody.accelerations``); "auto" picks
-        ``default_target_block(engine)``. Changing it recompiles.
-
-    Raises:
-      ConfigError: unknown engine or too many devices.
-    """
-    check_layout(n_devices, engine, n_devices)
-    if target_block == "auto":
-        target_block = default_target_block(engine)
-    return _make_engine(engine, n_devices, target_block)
-
-
-@functools.cache
-def _make_engine(engine: str, n_devices: int, tb: int | None) -> NBodyEngine:
-    devices = jax.devices()[:n_devices]
-
-    if engine == "single":
-        dev = devices[0]
-        init = jax.jit(functools.partial(_global_init, tb=tb))
-        run = jax.jit(functools.partial(_global_run, tb=tb))
-        obs = jax.jit(functools.partial(_global_observables, tb=tb))
-
-        def init_fn(pos, vel, mass, params):
-            pos, vel, mass = (jax.device_put(jnp.asarray(a), dev) for a in (pos, vel, mass))
-            return init(pos, vel, mass, _cast(params, pos.dtype))
-
-        return NBodyEngine(
-            engine,
-            1,
-            init_fn,
-            lambda s, p, n: run(s, _cast(p, s.pos.dtype), n),
-            lambda s, p: obs(s, _cast(p, s.pos.dtype)),
-            _fetch_global,
-            lambda st: NBodyState(*(jax.device_put(jnp.asarray(a), dev) for a in st)),
-        )
-
-    if engine == "pmap":
-        block_init = jax.pmap(
-            functools.partial(_block_init, axis_name=AXIS, n_dev=n_devices, tb=tb),
-            axis_name=AXIS,
-            in_axes=(0, 0, 0, None),
-            devices=devices,
-        )
-        block_run = jax.pmap(
-            functools.partial(_block_run, axis_name=AXIS, n_dev=n_devices, tb=tb),
-            axis_name=AXIS,
-            in_axes=(0, None, None),
-            devices=devices,
-        )
-        block_obs = jax.pmap(
-            functools.partial(_block_observables, axis_name=AXIS, n_dev=n_devices, tb=tb),
-            axis_name=AXIS,
-            in_axes=(0, None),
-            devices=devices,
-        )
-
-        def split(a):  # whole-system host array -> this process's blocks on the devices
-            a = np.asarray(a)
-            return put_blocks(a.reshape((n_devices, a.shape[0] // n_devices) + a.shape[1:]),
-                              devices)  # fmt: skip
-
-        def first(obs):  # psum results are replicated over the axis
-            return jax.tree.map(lambda x: x[0], obs)
-
-        def init_fn(pos, vel, mass, params):
-            check_layout(len(mass), engine, n_devices)
-            pos, vel, mass = (split(a) for a in (pos, vel, mass))
-            return block_init(pos, vel, mass, _cast(params, pos.dtype))
-
-        def run_fn(state, params, n_steps):
-            state, obs = block_run(state, _cast(params, state.pos.dtype), n_steps)
-            return state, first(obs)
-
-        def fetch(state):  # every process's blocks, in ring order (a collective)
-            return NBodyState(*(gather_blocks(a).reshape((-1,) + a.shape[2:]) for a in state))
-
-        return NBodyEngine(
-            engine,
-            n_devices,
-            init_fn,
-            run_fn,
-            lambda s, p: first(block_obs(s, _cast(p, s.pos.dtype))),
-            fetch,
-            lambda st: NBodyState(*(split(a) for a in st)),
-        )
-
-    # shard_map and sharded: global arrays sharded along the particle axis.
-    axis_type = AxisType.Explicit if engine == "shard_map" else AxisType.Auto
-    mesh = jax.make_mesh((n_devices,), (AXIS,), axis_types=(axis_type,), devices=devices)
-    part = NamedSharding(mesh, P(AXIS))
-    repl = NamedSharding(mesh, P())
-
-    def put(pos, vel, mass, params):
-        check_layout(len(mass), engine, n_devices)
-        pos, vel, mass = (put_global(a, part) for a in (pos, vel, mass))
-        return pos, vel, mass, params_on_mesh(params, pos.dtype)
-
-    if engine == "shard_map":
-        state_spec = NBodyState(P(AXIS), P(AXIS), P(AXIS), P(AXIS))
-        init = jax.jit(
-            jax.shard_map(
-                functools.partial(_block_init, axis_name=AXIS, n_dev=n_devices, tb=tb),
-                mesh=mesh,
-                in_specs=(P(AXIS), P(AXIS), P(AXIS), P()),
-                out_specs=state_spec,
-            )
-        )
-        run = jax.jit(
-            jax.shard_map(
-                functools.partial(_block_run, axis_name=AXIS, n_dev=n_devices, tb=tb),
-                mesh=mesh,
-                in_specs=(state_spec, P(), P()),
-                out_specs=(state_spec, P()),
-            )
-        )
-        obs = jax.jit(
-            jax.shard_map(
-                functools.partial(_block_observables, axis_name=AXIS, n_dev=n_devices, tb=tb),
-                mesh=mesh,
-                in_specs=(state_spec, P()),
-                out_specs=P(),
-            )
-        )
-    else:  # sharded: the unchanged whole-system programs, partitioned by XLA
-        state_sh = NBodyState(part, part, part, part)
-        init = jax.jit(functools.partial(_global_init, tb=tb), out_shardings=state_sh)
-        run = jax.jit(functools.partial(_global_run, tb=tb), out_shardings=(state_sh, repl))
-        obs = jax.jit(functools.partial(_global_observables, tb=tb), out_shardings=repl)
-
-    def params_on_mesh(params, dtype):  # replicated on every device of every process
-        return NBodyParams(*(put_global(np.asarray(p, dtype), repl) for p in params))
-
-    def host_obs(o):  # replicated results (may span processes) -> NumPy
-        return Observables(*(to_host(x) for x in o))
-
-    def run_fn(state, params, n_steps):
-        n_steps = put_global(np.asarray(n_steps, np.int32), repl)
-        state, o = run(state, params_on_mesh(params, state.pos.dtype), n_steps)
-        return state, host_obs(o)
-
-    return NBodyEngine(
-        engine,
-        n_devices,
-        lambda *a: init(*put(*a)),
-        run_fn,
-        lambda s, p: host_obs(obs(s, params_on_mesh(p, s.pos.dtype))),
-        _fetch_global,
-        lambda st: NBodyState(*(put_global(a, part) for a in st)),
-    )
-
-
-def nbody_run(
-    state: NBodyState,
-    params: NBodyParams,
-    n_steps: int,
-    engine: str = "single",
-    n_devices: int = 1,
-) -> tuple[NBodyState, Observables]:
-    """Run ``n_steps`` leapfrog steps of a whole system on one engine, in one dispatch.
-
-    The accelerations are recomputed by the engine from ``state.pos`` first (one extra
-    force evaluation; ``state.acc`` is ignored). For chunked runs that keep the state on
-    the devices, use ``make_engine(engine, n_devices)`` directly.
-
-    Args:
-      state: whole-system state, arrays (N, 3) / (N,) of one floating dtype.
-      params: time step, G and softening (cast to the state's dtype).
-      n_steps: number of steps (>= 0); 0 returns the engine's forces at ``state.pos``.
-      engine: one of ``ENGINES``.
-      n_devices: ring size (1 for ``single``); must divide N.
+      kernels: the model's per-block programs (cache the result per model: every call
+        compiles anew).
 
     Returns:
-      (final state as NumPy arrays, observables of the final state as NumPy values).
+      The engine's programs, taking and giving device state in its layout.
 
     Raises:
-      ConfigError: unknown engine, too many devices, or N not divisible by n_devices.
+      ConfigError: unknown engine, too many devices, or a device set that misses a process.
     """
-    check_layout(len(state.mass), engine, n_devices)
-    eng = make_engine(engine, n_devices)
-    dstate = eng.init(state.pos, state.vel, state.mass, params)
-    dstate, obs = eng.run(dstate, params, n_steps)
-    return eng.fetch(dstate), Observables(*(np.asarray(o) for o in obs))
+    check_layout(n_devices, engine, n_devices)
+    devices = jax.devices()[:n_devices]
+    mesh = None if engine in ("single", "pmap") else blocks.make_mesh((n_devices,), ("x",), devices)
+    lay = _layout(engine, devices, mesh)
+    init = _mapped(engine, kernels.init, devices, mesh, (True, True, True, False), True)
+    run = _mapped(engine, kernels.run, devices, mesh, (True, False, False), (True, False))
+    observe = _mapped(engine, kernels.observe, devices, mesh, (True, False), False)
+
+    def dtype(state):
+        return jax.tree.leaves(state)[0].dtype
+
+    def init_fn(pos, vel, mass, params):
+        check_layout(len(mass), engine, n_devices)
+        pos, vel, mass = (lay.put(a) for a in (pos, vel, mass))
+        return init(pos, vel, mass, lay.params(params, pos.dtype))
+
+    def run_fn(state, params, n_steps):
+        state, obs = run(state, lay.params(params, dtype(state)), lay.count(n_steps))
+        return state, lay.result(obs)
+
+    return RingEngine(
+        engine,
+        n_devices,
+        init_fn,
+        run_fn,
+        lambda s, p: lay.result(observe(s, lay.params(p, dtype(s)))),
+        lambda s: jax.tree.map(lay.fetch, s),
+        lambda s: jax.tree.map(lay.put, s),
+    )

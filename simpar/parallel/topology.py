@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simpar.axes import AXIS_NAMES
 from simpar.errors import ConfigError
 
-AXIS_NAMES = ("x", "y", "z")
+__all__ = ["AXIS_NAMES", "DeviceGrid", "make_device_grid", "parse_mesh"]
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@ Contract: every function here is pure and knows nothing about devices. The force
 works on one *block* of targets against one block of sources, so the same kernel serves
 the single-device all-pairs sum (targets = sources = everything), the ring algorithm of
 ``simpar.parallel.ring`` (targets = the local block, sources = the block that is passing
-by) and the ``sharded`` engine (global arrays, partitioned by XLA).
+by) and the ``sharded`` engine (global arrays, partitioned by XLA). The per-block programs
+(init, run, observables) are written once against a ``Ring`` (sum a pair kernel over every
+source block, sum over blocks); :func:`make_engine` hands them to
+``simpar.parallel.ring.make_ring_engine``, which maps them over the devices.
 
 Units: N-body (Henon) units are the convention for the Plummer sphere (G = M = 1,
 total energy E = -1/4, virial radius 1); the kernels accept any consistent units through
@@ -17,6 +20,7 @@ of one floating dtype (pass it explicitly; float64 needs ``jax_enable_x64``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -25,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
+from simpar.parallel.ring import RingEngine, RingKernels, check_layout, make_ring_engine
 
 Array = jax.Array
 
@@ -364,3 +369,124 @@ def plummer_sphere(
     pos -= np.average(pos, axis=0, weights=mass)
     vel -= np.average(vel, axis=0, weights=mass)
     return pos.astype(dtype), vel.astype(dtype), mass.astype(dtype)
+
+
+# ------------------------------------------------ per-block programs and the engines
+
+
+def _block_init(pos, vel, mass, params: NBodyParams, *, ring, tb) -> NBodyState:
+    """The state of one block with its accelerations due to every block (``ring``: see
+    ``simpar.parallel.ring.Ring``; ``tb``: the kernel tiling)."""
+
+    def kernel(t, sp, sm):
+        return accelerations(t, sp, sm, params.G, params.eps, target_block=tb)
+
+    return NBodyState(pos=pos, vel=vel, acc=ring.over_sources(kernel, pos, pos, mass), mass=mass)
+
+
+def _block_observe(state: NBodyState, params: NBodyParams, *, ring, tb) -> Observables:
+    """Whole-system observables from one block (potentials over every block, then a sum)."""
+
+    def kernel(t, sp, sm):
+        return potentials(t, sp, sm, params.G, params.eps, target_block=tb)
+
+    phi = ring.over_sources(kernel, state.pos, state.pos, state.mass)
+    return ring.total(block_observables(state.pos, state.vel, state.mass, phi))
+
+
+def _block_run(state: NBodyState, params: NBodyParams, n_steps, *, ring, tb):
+    """``n_steps`` (traced) leapfrog steps of one block, then the whole system's observables."""
+
+    def accel_fn(pos, mass):
+        def kernel(t, sp, sm):
+            return accelerations(t, sp, sm, params.G, params.eps, target_block=tb)
+
+        return ring.over_sources(kernel, pos, pos, mass)
+
+    state = jax.lax.fori_loop(0, n_steps, lambda _, s: leapfrog_step(s, params.dt, accel_fn), state)
+    return state, _block_observe(state, params, ring=ring, tb=tb)
+
+
+def kernels(target_block: int | None = None) -> RingKernels:
+    """The N-body per-block programs handed to ``simpar.parallel.ring.make_ring_engine``.
+
+    Args:
+      target_block: kernel tiling (see :func:`accelerations`), static.
+    """
+    return RingKernels(
+        init=functools.partial(_block_init, tb=target_block),
+        run=functools.partial(_block_run, tb=target_block),
+        observe=functools.partial(_block_observe, tb=target_block),
+    )
+
+
+def default_target_block(engine: str) -> int | None:
+    """Kernel tiling for ``engine`` on the default backend: 64 targets at a time on CPU
+    (cache-sized pair arrays, ~3x faster), whole blocks elsewhere (GPUs want one big
+    parallel kernel). The ``sharded`` engine keeps the untiled kernel so that XLA can
+    partition it (a sequential loop over a sharded axis would not be)."""
+    if engine == "sharded" or jax.default_backend() != "cpu":
+        return None
+    return 64
+
+
+def make_engine(
+    engine: str, n_devices: int = 1, target_block: int | None | str = "auto"
+) -> RingEngine:
+    """The N-body programs of one engine on the first ``n_devices`` devices (cached).
+
+    ``init``/``run``/``observables`` take and give device state (``NBodyState`` in the
+    engine's layout); ``run`` returns ``Observables`` of the whole system; ``fetch`` gives an
+    ``NBodyState`` of NumPy ``(N, ...)`` arrays (see ``simpar.parallel.ring.RingEngine``).
+
+    Args:
+      engine: one of ``simpar.parallel.blocks.ENGINES``.
+      n_devices: ring size; must be 1 for ``single``.
+      target_block: kernel tiling (:func:`accelerations`); "auto" picks
+        ``default_target_block(engine)``. Changing it recompiles.
+
+    Raises:
+      ConfigError: unknown engine or too many devices.
+    """
+    check_layout(n_devices, engine, n_devices)
+    if target_block == "auto":
+        target_block = default_target_block(engine)
+    return _make_engine(engine, n_devices, target_block)
+
+
+@functools.cache
+def _make_engine(engine: str, n_devices: int, tb: int | None) -> RingEngine:
+    return make_ring_engine(engine, n_devices, kernels(tb))
+
+
+def nbody_run(
+    state: NBodyState,
+    params: NBodyParams,
+    n_steps: int,
+    engine: str = "single",
+    n_devices: int = 1,
+) -> tuple[NBodyState, Observables]:
+    """Run ``n_steps`` leapfrog steps of a whole system on one engine, in one dispatch.
+
+    The accelerations are recomputed by the engine from ``state.pos`` first (one extra
+    force evaluation; ``state.acc`` is ignored). For chunked runs that keep the state on
+    the devices, use ``make_engine(engine, n_devices)`` directly.
+
+    Args:
+      state: whole-system state, arrays (N, 3) / (N,) of one floating dtype.
+      params: time step, G and softening (cast to the state's dtype).
+      n_steps: number of steps (>= 0); 0 returns the engine's forces at ``state.pos``.
+      engine: one of ``simpar.parallel.blocks.ENGINES``.
+      n_devices: ring size (1 for ``single``); must divide N.
+
+    Returns:
+      (final state as NumPy arrays, observables of the final state as NumPy values).
+
+    Raises:
+      ConfigError: unknown engine, too many devices, or N not divisible by n_devices.
+    """
+    check_layout(len(state.mass), engine, n_devices)
+    eng = make_engine(engine, n_devices)
+    dstate = eng.init(state.pos, state.vel, state.mass, params)
+    dstate, obs = eng.run(dstate, params, n_steps)
+    return eng.fetch(dstate), Observables(*(np.asarray(o) for o in obs))

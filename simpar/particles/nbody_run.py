@@ -61,9 +61,9 @@ from simpar.io.h5md import H5MDWriter
 from simpar.io.meta import run_metadata, run_summary
 from simpar.memory import check_fits
 from simpar.parallel import distributed
-from simpar.parallel.ring import ENGINES, check_layout, make_engine
+from simpar.parallel.ring import ENGINES, check_layout
 from simpar.particles import checkpoint as particle_checkpoint
-from simpar.particles.nbody import Observables, make_params, plummer_sphere
+from simpar.particles.nbody import Observables, make_engine, make_params, plummer_sphere
 from simpar.progress import Progress
 
 __all__ = ["run_config"]
