@@ -66,7 +66,8 @@ class Params(NamedTuple):
       forcing_amplitude: Kolmogorov force ``F``, length/time^2 (0: unforced).
       forcing_wavenumber: ``n_f``, the force's wavenumber in units of ``2 pi / L_y``
         (an integer value held as a float).
-      length: ``(2,)`` box size ``(L_x, L_y)``, length.
+      length: ``(d,)`` box size ``(L_x, L_y[, L_z])``, length (``d = 3``: the 3-D velocity
+        form, ``simpar.grid.spectral_ns3d``).
     """
 
     nu: jax.Array
@@ -94,12 +95,12 @@ def make_params(
 
     Args:
       nu, dt, drag, forcing_amplitude, forcing_wavenumber: numbers or 0-d arrays.
-      length: ``(L_x, L_y)``.
+      length: ``(L_x, L_y)``, or ``(L_x, L_y, L_z)`` for ``simpar.grid.spectral_ns3d``.
       dtype: real dtype of every leaf (default: JAX's default float).
 
     Raises:
       ConfigError: ``physics.viscosity`` or ``physics.drag`` negative, ``time.dt`` not
-        positive, ``grid.length`` not two positive numbers, ``forcing.wavenumber`` not a
+        positive, ``grid.length`` not 2 or 3 positive numbers, ``forcing.wavenumber`` not a
         positive integer (checked on concrete values only; traced values pass through).
     """
     dtype = dtype or jnp.zeros(()).dtype
@@ -119,8 +120,8 @@ def make_params(
             raise ConfigError(key, f"{allowed}, got {value}")
     if _concrete(length):
         arr = np.asarray(length, dtype=float)
-        if arr.shape != (2,) or not np.all(np.isfinite(arr) & (arr > 0)):
-            raise ConfigError("grid.length", f"need two positive box sizes, got {length}")
+        if arr.shape not in ((2,), (3,)) or not np.all(np.isfinite(arr) & (arr > 0)):
+            raise ConfigError("grid.length", f"need 2 or 3 positive box sizes, got {length}")
     leaf = lambda v: jnp.asarray(v, dtype)  # noqa: E731
     return Params(
         leaf(nu),
@@ -128,7 +129,7 @@ def make_params(
         leaf(drag),
         leaf(forcing_amplitude),
         leaf(forcing_wavenumber),
-        jnp.asarray(length, dtype).reshape(2),
+        jnp.asarray(length, dtype).reshape(-1),
     )
 
 
@@ -159,7 +160,11 @@ class _Symbols(NamedTuple):
 
 
 def _symbols(params: Params, ops) -> _Symbols:
-    n0, n1 = _check_ops(ops)
+    _check_ops(ops)
+    if params.length.shape != (2,):
+        raise ConfigError(
+            "grid.length", f"a 2-D grid needs 2 box sizes, got {params.length.shape[0]}"
+        )
     dtype = params.nu.dtype
     kx = ops.freq(0).astype(dtype) * (2 * math.pi / params.length[0])
     ky = ops.freq(1).astype(dtype) * (2 * math.pi / params.length[1])
@@ -251,33 +256,45 @@ def step(w_hat: jax.Array, params: Params, ops, scheme: str = "ifrk4") -> jax.Ar
     Raises:
       ConfigError: ``physics.scheme`` unknown, or ``ops`` not 2-D.
     """
-    if scheme not in SCHEMES:
-        raise ConfigError("physics.scheme", f"unknown scheme {scheme!r}; choose one of {SCHEMES}")
     s = _symbols(params, ops)
     force = forcing_hat(params, ops)
     lin = -params.nu * s.k2 - params.drag  # (n_0, n_1) real, 1/time
-    dt = params.dt
+    return time_step(w_hat, lin, lambda w: _advection_hat(w, s, ops) + force, params.dt, scheme)
 
-    def nonlinear(w):
-        return _advection_hat(w, s, ops) + force
 
+def time_step(w, lin, nonlinear, dt, scheme: str = "ifrk4"):
+    """One step of ``dw/dt = lin * w + nonlinear(w)`` (shared by the 2-D and 3-D forms).
+
+    Args:
+      w: state (any shape; complex Fourier coefficients).
+      lin: real, broadcastable to ``w``: the linear (viscous + drag) symbol, 1/time.
+      nonlinear: ``w -> dw/dt`` without the linear part (same shape as ``w``).
+      dt: time step (0-d array), time.
+      scheme: ``"ifrk4"``: integrating-factor RK4 (Lawson), ``lin`` exact through
+        ``exp(lin dt)``; ``"rk4"``: classical RK4 on the whole right-hand side.
+
+    Raises:
+      ConfigError: ``physics.scheme`` unknown.
+    """
+    if scheme not in SCHEMES:
+        raise ConfigError("physics.scheme", f"unknown scheme {scheme!r}; choose one of {SCHEMES}")
     if scheme == "rk4":
 
-        def rhs(w):
-            return lin * w + nonlinear(w)
+        def rhs(v):
+            return lin * v + nonlinear(v)
 
-        k1 = rhs(w_hat)
-        k2 = rhs(w_hat + (dt / 2) * k1)
-        k3 = rhs(w_hat + (dt / 2) * k2)
-        k4 = rhs(w_hat + dt * k3)
-        return w_hat + (dt / 6) * (k1 + 2 * k2 + 2 * k3 + k4)
+        k1 = rhs(w)
+        k2 = rhs(w + (dt / 2) * k1)
+        k3 = rhs(w + (dt / 2) * k2)
+        k4 = rhs(w + dt * k3)
+        return w + (dt / 6) * (k1 + 2 * k2 + 2 * k3 + k4)
     e1 = jnp.exp(lin * (dt / 2))  # integrating factor over half a step
     e2 = e1 * e1
-    n1 = nonlinear(w_hat)
-    n2 = nonlinear(e1 * (w_hat + (dt / 2) * n1))
-    n3 = nonlinear(e1 * w_hat + (dt / 2) * n2)
-    n4 = nonlinear(e2 * w_hat + dt * (e1 * n3))
-    return e2 * w_hat + (dt / 6) * (e2 * n1 + 2 * e1 * (n2 + n3) + n4)
+    n1 = nonlinear(w)
+    n2 = nonlinear(e1 * (w + (dt / 2) * n1))
+    n3 = nonlinear(e1 * w + (dt / 2) * n2)
+    n4 = nonlinear(e2 * w + dt * (e1 * n3))
+    return e2 * w + (dt / 6) * (e2 * n1 + 2 * e1 * (n2 + n3) + n4)
 
 
 def advance(w_hat: jax.Array, params: Params, ops, n: int, scheme: str = "ifrk4") -> jax.Array:
@@ -448,6 +465,7 @@ __all__ = [
     "shell_wavenumbers",
     "step",
     "taylor_green",
+    "time_step",
     "to_physical",
     "to_state",
     "velocity",
