@@ -4,9 +4,12 @@ Measured here (tolerances keep a margin of about 10x):
 
 - ABC (Beltrami) flow: the exact decay ``exp(-nu t)`` to 1e-15 after 40 steps;
   its energy, enstrophy and helicity equal the analytic values to round-off.
-- Taylor-Green + ABC mix, 16^3: ``E(0) - E(T) = int 2 nu Z dt`` (Simpson) to 1e-9 relative;
-  inviscid, energy and helicity drift by 1e-10 over T = 1; divergence stays at round-off.
-- Every engine equals ``single`` to 1e-12 on (8,) (slab) and (2, 4) (pencil).
+- Taylor-Green + ABC mix, 16^3, dt = 0.02, T = 1: ``E(0) - E(T) = int 2 nu Z dt`` (Simpson) to
+  1.2e-10 relative (1.8e-11 at dt = 0.01); inviscid, energy and helicity drift by 2.2e-11 over
+  T = 1 (2.6e-13 / 7.6e-13 over T = 0.5 at dt = 0.01) while the enstrophy grows 14%; the
+  divergence bound stays below 1e-15.
+- Every engine equals ``single`` to 1e-12 on (8,) (slab) and (2, 4) (pencil); a sharded step
+  on the pencil is 16 all-to-alls (8 transform calls x 2 transposes) and nothing else.
 """
 
 import math
@@ -23,6 +26,7 @@ from simpar.errors import ConfigError
 from simpar.grid import spectral_ns as S
 from simpar.grid import spectral_ns3d as S3
 from simpar.parallel import fft as F
+from simpar.parallel.hlo import count
 
 SHAPE = (16, 16, 16)
 CUBE = (2 * math.pi,) * 3
@@ -73,12 +77,12 @@ def test_energy_balance_and_conservation():
     e, z = np.asarray(h["energy"]), np.asarray(h["enstrophy"])
     lost = dt / 3 * (2 * nu) * (z[0] + z[-1] + 4 * z[1:-1:2].sum() + 2 * z[2:-1:2].sum())
     assert e[-1] < 0.95 * e[0]
-    assert abs((e[0] - e[-1]) - lost) <= 1e-8 * lost, (e[0] - e[-1], lost)
-    assert np.asarray(h["divergence_bound"]).max() < 1e-12
+    assert abs((e[0] - e[-1]) - lost) <= 2e-9 * lost, (e[0] - e[-1], lost)
+    assert np.asarray(h["divergence_bound"]).max() < 1e-14
     h = _history(u0, S.make_params(0.0, dt, CUBE), steps, ops)  # inviscid, T = 1
     for key in ("energy", "helicity"):
         v = np.asarray(h[key])
-        assert abs(v[-1] / v[0] - 1) < 1e-8, (key, v[0], v[-1])
+        assert abs(v[-1] / v[0] - 1) < 3e-10, (key, v[0], v[-1])
     assert np.asarray(h["enstrophy"])[-1] > 1.05 * np.asarray(h["enstrophy"])[0]  # stretching
 
 
@@ -157,3 +161,13 @@ def test_bad_input():
         S.step(jnp.zeros((8, 5), jnp.complex128), p3, _single((8, 8)))
     with pytest.raises(ConfigError, match="physics.scheme"):
         S3.step(jnp.zeros((3, 8, 8, 5), jnp.complex128), p3, _single((8, 8, 8)), "ab2")
+
+
+def test_sharded_pencil_step_moves_only_the_transposes():
+    plan, ops = F.make_ops("sharded", SHAPE, (2, 4), real=True)
+    p = S.make_params(0.01, 0.02, CUBE)
+    sharding = NamedSharding(F.device_mesh(plan.mesh), plan.spec(True, 1))
+    u = jax.device_put(jnp.zeros((3, *plan.fourier_shape), jnp.complex128), sharding)
+    n = count(jax.jit(lambda v: S3.step(v, p, ops)).lower(u).compile().as_text())
+    assert n["all-to-all"] == 8 * plan.n_transposes == 16, n
+    assert n["all-gather"] == n["collective-permute"] == n["all-reduce"] == 0, n
