@@ -178,7 +178,9 @@ def main(argv=None) -> int:
             c[key] = getattr(args, key)
     steps = round(c["t_end"] / c["dt"])
     if steps % args.frames:
-        print(f"--frames must divide the {steps} steps", file=sys.stderr)
+        print(
+            f"--frames: {args.frames} does not divide the {steps} steps (T / dt)", file=sys.stderr
+        )
         return 2
     spf = steps // args.frames
     shape = (args.n, args.n)

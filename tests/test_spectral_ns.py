@@ -281,3 +281,26 @@ def test_bad_input():
         S.step(jnp.zeros((8, 5), jnp.complex128), p, _single((8, 8)), "euler")
     with pytest.raises(ConfigError, match="grid.shape.*2-D"):
         S.step(jnp.zeros((8, 8, 5), jnp.complex128), p, _single((8, 8, 8)))
+
+
+def test_validation_script_runs_without_jax_cfd(capsys):
+    """``experiments/validate_spectral_ns.py`` reports simpar's numbers alone when jax-cfd is
+    not installed (the project's environment), or compares when it is."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "validate_spectral_ns.py"
+    spec = importlib.util.spec_from_file_location("validate_spectral_ns", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, mod)
+    spec.loader.exec_module(mod)
+    argv = ["--n", "16", "--t-end", "0.1", "--dt", "0.01", "--no-refine", "--frames"]
+    assert mod.main([*argv, "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    energy = report["simpar"]["energy"]
+    assert len(energy) == 3 and energy[0] == pytest.approx(0.5) and energy[-1] < energy[0]
+    if importlib.util.find_spec("jax_cfd") is None:
+        assert report["jax_cfd"].startswith("absent")
+    assert mod.main([*argv, "3"]) == 2  # 10 steps in 3 frames: refused
