@@ -37,6 +37,7 @@ No device code here: transforms come in as ``ops`` (``simpar.parallel.fft.make_o
 ``psum``/``pmax`` (``simpar.parallel.fft.grid_comm`` under ``pmap``/``shard_map``; ``None``
 for global arrays). Initial fields are built on the host as global real arrays (the engine
 lays them out like any grid model's initial field); :func:`to_state` transforms them.
+The 3-D velocity form is ``simpar.grid.spectral_ns3d`` (same ``Params`` and integrators).
 """
 
 from __future__ import annotations
@@ -431,6 +432,14 @@ def random_turbulence(
     Gaussian white noise shaped in Fourier space to the energy spectrum
     ``E(k) ~ k^4 exp(-2 (k / k_p)^2)`` (``k_p = peak_wavenumber * 2 pi / max(L)``), truncated
     by the 2/3 rule, with mean 0 and total energy ``<u^2 + v^2> / 2 = energy``.
+
+    Args:
+      shape: ``(N_x, N_y)``.
+      length: ``(L_x, L_y)``, length.
+      seed: NumPy generator seed (the same field on every machine and engine).
+      peak_wavenumber: ``k_p`` in units of ``2 pi / max(L)``.
+      energy: mean kinetic energy per unit mass, length^2/time^2.
+      dtype: NumPy dtype of the result.
 
     Returns:
       ``(N_x, N_y)`` NumPy array of ``dtype``, 1/time.
