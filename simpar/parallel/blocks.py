@@ -185,13 +185,14 @@ def pmap(
     )
 
 
-def shard_map(fn: Callable, mesh: Mesh, in_specs, out_specs) -> Callable:
+def shard_map(fn: Callable, mesh: Mesh, in_specs, out_specs, check_vma: bool = True) -> Callable:
     """``fn`` (a per-block program) under ``jax.shard_map`` on ``mesh`` (to be jit-compiled).
 
     ``in_specs``/``out_specs`` are pytrees (prefixes) of ``PartitionSpec``; collectives in
-    ``fn`` name the mesh axes.
+    ``fn`` name the mesh axes. ``check_vma=False`` where a value reduced over every mesh axis
+    meets per-device values (``lax.cond``/``while_loop``, or sums over a size-1 axis).
     """
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma)
 
 
 # --------------------------------------------------------------------------------------------

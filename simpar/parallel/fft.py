@@ -51,14 +51,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
+from simpar.parallel import blocks
+from simpar.parallel.blocks import PMAP_AXIS
 from simpar.parallel.halo import LocalComm, PmapComm, ShardMapComm
 from simpar.parallel.topology import AXIS_NAMES, DeviceGrid
-
-PMAP_AXIS = "dev"
 
 
 @dataclass(frozen=True)
@@ -353,14 +353,14 @@ def global_ops(plan: FFTPlan, mesh: Mesh | None = None) -> SpectralOps:
 
     def forward(x):
         nl = x.ndim - plan.ndim
-        f = _shard_map(
+        f = blocks.shard_map(
             lambda b: forward_block(b, plan, comm), mesh, plan.spec(False, nl), plan.spec(True, nl)
         )
         return f(x)
 
     def inverse(k):
         nl = k.ndim - plan.ndim
-        f = _shard_map(
+        f = blocks.shard_map(
             lambda b: inverse_block(b, plan, comm), mesh, plan.spec(True, nl), plan.spec(False, nl)
         )
         return f(k)
@@ -370,7 +370,7 @@ def global_ops(plan: FFTPlan, mesh: Mesh | None = None) -> SpectralOps:
         # computed where the data sit (unconstrained, XLA all-gathered pieces of them)
         entries = [None] * plan.ndim
         entries[axis] = plan.spec(True)[axis]
-        sharding = NamedSharding(mesh, P(*entries))
+        sharding = blocks.sharding(mesh, *entries)
         return lax.with_sharding_constraint(global_freq(plan, axis), sharding)
 
     return SpectralOps(forward, inverse, freq, plan)
@@ -406,22 +406,14 @@ def make_ops(engine: str, shape: Sequence[int], mesh: Sequence[int] = (1,), real
 
 
 def device_mesh(mesh: Sequence[int], devices=None) -> Mesh:
-    """An ``AxisType.Auto`` mesh named ``x, y, z`` over the first ``prod(mesh)`` devices.
+    """An ``AxisType.Auto`` mesh named ``x, y, z`` over the first ``prod(mesh)`` devices
+    (built by :func:`simpar.parallel.blocks.make_mesh`).
 
     Raises:
       ConfigError: on ``--mesh`` when there are fewer devices than ``prod(mesh)``."""
     devices = list(jax.devices() if devices is None else devices)
-    n = math.prod(mesh)
-    if n > len(devices):
-        raise ConfigError(
-            "--mesh", f"mesh {_fmt(mesh)} needs {n} devices but only {len(devices)} are available"
-        )
-    arr = np.asarray(devices[:n], dtype=object).reshape(tuple(mesh))
-    return Mesh(arr, AXIS_NAMES[: len(mesh)], axis_types=(AxisType.Auto,) * len(mesh))
-
-
-def _shard_map(f, mesh: Mesh, in_specs, out_specs):
-    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    blocks.require_devices(mesh, len(devices))
+    return blocks.make_mesh(mesh, AXIS_NAMES[: len(mesh)], devices)
 
 
 def blockwise(fn, plan: FFTPlan, engine: str, fourier_in: bool, fourier_out: bool, nlead=0):
@@ -432,11 +424,11 @@ def blockwise(fn, plan: FFTPlan, engine: str, fourier_in: bool, fourier_out: boo
     layouts named by ``fourier_in`` / ``fourier_out``.
     """
     if engine == "pmap":
-        return jax.pmap(fn, axis_name=PMAP_AXIS, devices=jax.devices()[: math.prod(plan.mesh)])
+        return blocks.pmap(fn, jax.devices()[: math.prod(plan.mesh)], axis_name=PMAP_AXIS)
     if engine == "shard_map":
         mesh = device_mesh(plan.mesh)
         return jax.jit(
-            _shard_map(fn, mesh, plan.spec(fourier_in, nlead), plan.spec(fourier_out, nlead))
+            blocks.shard_map(fn, mesh, plan.spec(fourier_in, nlead), plan.spec(fourier_out, nlead))
         )
     raise ConfigError("--engine", f"blockwise runs pmap or shard_map, not {engine!r}")
 
