@@ -1,4 +1,5 @@
 """Print every group/dataset of an HDF5 file: name, shape, dtype and attributes (sorted)."""
+
 import sys
 
 import h5py
@@ -22,6 +23,7 @@ def show(v):
 
 def main(path):
     with h5py.File(path, "r") as f:
+
         def visit(name, obj):
             kind = "D" if isinstance(obj, h5py.Dataset) else "G"
             extra = f" {obj.shape} {obj.dtype}" if kind == "D" else ""
@@ -33,6 +35,7 @@ def main(path):
                     print(f"    @{k} = {show(obj.attrs[k])}")
                 except Exception as e:
                     print(f"    @{k} = <{type(e).__name__}>")
+
         print("G /")
         for k in sorted(f.attrs):
             if k not in SKIP:

@@ -167,12 +167,12 @@ class GridRun:
     def advance(self, n: int, last_good: str) -> None:
         self.state = self.eng.advance(self.state, self.setup.params, n, donate=True)
 
-    def problem(self, obs):
+    def problem(self, obs, step):
         bad = int(np.sum(obs["nonfinite"]))
         if bad == 0:
             return None
         return (
-            f"{bad} non-finite values in the fields",
+            f"{bad} non-finite values in the fields after step {step}",
             "The scheme is unstable or a parameter is out of range: reduce time.dt or "
             "check [physics]",
         )

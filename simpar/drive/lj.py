@@ -212,7 +212,7 @@ class LJRun:
             self._snap = self.sim.snapshot()
         return self._snap
 
-    def problem(self, th):
+    def problem(self, th, step):
         why = lj_config._blown_up(self.snapshot(), th, self.cfg["dt"])
         return (why, "reduce time.dt (or check the potential and initial state)") if why else None
 

@@ -132,8 +132,8 @@ class Run(Protocol):
     def observe(self) -> dict:
         """Diagnostics of the current state (host values)."""
 
-    def problem(self, obs: dict) -> tuple[str, str] | None:
-        """``(reason, setting to change)`` when the run cannot go on, else None."""
+    def problem(self, obs: dict, step: int) -> tuple[str, str] | None:
+        """``(reason, setting to change)`` when the run cannot go on at ``step``, else None."""
 
     def snapshot(self) -> Any:
         """The frame's host data (a collective in multi-process runs: every process calls)."""
@@ -344,7 +344,7 @@ def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
                 run.advance(k, last_good)
                 done += k
                 obs = run.observe()
-                problem = run.problem(obs)
+                problem = run.problem(obs, first + done)
                 if problem:
                     raise SimulationError(first + done, problem[0], problem[1], last_good)
                 frame(first + done, obs)

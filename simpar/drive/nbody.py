@@ -171,7 +171,7 @@ class NBodyRun:
         self._obs = io.observable_values(dobs)
         self.step += k
 
-    def problem(self, obs):
+    def problem(self, obs, step):
         why = self._nonfinite(obs)
         return (why, self._HINT) if why else None
 
