@@ -20,7 +20,7 @@ import numpy as np
 
 from simpar import ensemble
 from simpar.config import Section
-from simpar.drive.loop import Options, device_mesh, read_options
+from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
 from simpar.errors import ConfigError
 from simpar.grid.model import GridSetup
 from simpar.parallel import distributed
@@ -74,7 +74,7 @@ def _check_path(path, key) -> None:
         )
 
 
-class GridPlan:
+class GridPlan(Plan):
     """A validated grid run (host set-up built; nothing on the devices).
 
     Attributes:
@@ -135,7 +135,7 @@ class GridPlan:
         return GridRun(self)
 
 
-class GridRun:
+class GridRun(Run):
     """A grid run on its engine (see ``simpar.drive.loop.Run`` for the methods)."""
 
     def __init__(self, plan: GridPlan):
@@ -176,12 +176,6 @@ class GridRun:
             "The scheme is unstable or a parameter is out of range: reduce time.dt or "
             "check [physics]",
         )
-
-    def postfix(self, obs) -> dict:
-        return {}
-
-    def frame_line(self, step, obs, first) -> None:
-        return None
 
     def snapshot(self):
         return self.eng.gather(self.state)

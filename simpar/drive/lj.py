@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar.config import Section
-from simpar.drive.loop import Options, device_mesh, read_options
+from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
 from simpar.errors import ConfigError, SimulationError
 from simpar.io.meta import run_metadata
 from simpar.parallel import distributed
@@ -104,7 +104,7 @@ def _simulation(plan: LJPlan, ck: dict | None) -> SimpleNamespace:
     )
 
 
-class LJPlan:
+class LJPlan(Plan):
     """A validated LJ run: settings, the initial host arrays, engine and mesh.
 
     Attributes:
@@ -178,7 +178,7 @@ class LJPlan:
         return LJRun(self, ck)
 
 
-class LJRun:
+class LJRun(Run):
     """An LJ run (see ``simpar.drive.loop.Run`` for the methods)."""
 
     def __init__(self, plan: LJPlan, ck):

@@ -24,8 +24,7 @@ tenth of the steps (at least 1); set it explicitly to resume with more steps on 
 cadence. ``summary["frames"]`` counts the frames in the output file.
 
 Adapters (``simpar.drive.grid``, ``.lj``, ``.nbody``) provide ``plan(cfg, opts, config_text)``
-returning an object with the attributes and methods of :class:`Plan`, whose ``build`` returns
-a :class:`Run`.
+returning a :class:`Plan` subclass, whose ``build`` returns a :class:`Run` subclass.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from simpar import config as cfgmod
 from simpar import signals
@@ -109,64 +108,88 @@ class Common:
     show_layout: bool
 
 
-class Run(Protocol):
-    """A model's state on the devices, as the loop drives it (built by ``Plan.build``)."""
+class Run:
+    """A model's state on the devices, as the loop drives it (built by ``Plan.build``).
 
-    desc: str  # progress label
+    Adapters subclass it; ``layout``, ``postfix`` and ``frame_line`` have defaults.
+    """
+
+    desc: str = "simpar"  # progress label
 
     def layout(self) -> str:
         """Which device holds which block (``--show-layout``; grid models)."""
+        raise ConfigError("--show-layout", "grid models only")
 
     def postfix(self, obs: dict) -> dict:
         """Values shown next to the progress bar (e.g. ``T=1.44``)."""
+        return {}
 
     def frame_line(self, step: int, obs: dict, first: bool) -> str | None:
         """A line printed with each frame (LJ: a thermo row; ``first``: with its header)."""
+        return None
 
     def initial_problem(self, obs: dict) -> None:
         """Raise ``ConfigError``/``SimulationError`` when the initial state cannot run."""
+        raise NotImplementedError
 
     def advance(self, n: int, last_good: str) -> None:
         """Advance ``n`` steps (``SimulationError`` naming ``last_good`` if impossible)."""
+        raise NotImplementedError
 
     def observe(self) -> dict:
-        """Diagnostics of the current state (host values)."""
+        """Diagnostics of the current state (host values; waits for the last chunk)."""
+        raise NotImplementedError
 
     def problem(self, obs: dict, step: int) -> tuple[str, str] | None:
         """``(reason, setting to change)`` when the run cannot go on at ``step``, else None."""
+        raise NotImplementedError
 
     def snapshot(self) -> Any:
         """The frame's host data (a collective in multi-process runs: every process calls)."""
+        raise NotImplementedError
 
     def open_writer(self, path: Path, *, resume_step: int | None, overwrite: bool, key: str):
         """The output writer (process 0): a new file, or the old one cut at ``resume_step``."""
+        raise NotImplementedError
 
     def write_frame(self, writer, step: int, snap, obs: dict) -> None:
         """Append one frame (process 0)."""
+        raise NotImplementedError
 
     def checkpoint_state(self, snap, step: int) -> dict:
         """The checkpoint arrays of a frame (every process calls; process 0 saves)."""
+        raise NotImplementedError
 
     def summary(self, obs0: dict, obs: dict, steps_run: int, wall: float) -> dict:
         """``initial``, ``final``, ``rate``, ``rate_unit`` and ``details`` of the summary."""
+        raise NotImplementedError
 
 
-class Plan(Protocol):
-    """A validated model set-up (nothing on the devices yet)."""
+class Plan:
+    """A validated model set-up (nothing on the devices yet); adapters subclass it.
+
+    Attributes:
+      common: the shared options (:func:`read_options`).
+      model, engine, mesh, dtype: for the metadata and the summary.
+      first_step: the run's first step (set by ``check_resume`` when resuming).
+      save_checkpoints: write ``<path>.ckpt`` with each frame.
+    """
 
     common: Common
     model: str
     engine: str
     mesh: tuple[int, ...]
     dtype: str
-    first_step: int  # the run's first step (valid after check_resume when resuming)
-    save_checkpoints: bool
+    first_step: int = 0
+    save_checkpoints: bool = True
 
     def check_resume(self, ck: dict, ck_step: int) -> int:
         """Check a checkpoint against the plan; returns the run's first step."""
+        return self.first_step
 
     def build(self, ck: dict | None) -> Run:
-        """Allocate the state (from the checkpoint when resuming) and compile."""
+        """Allocate the state (from the checkpoint ``ck`` when resuming) and compile."""
+        raise NotImplementedError
 
 
 def read_options(cfg: Section, opts: Options, *, default_path: str, check_path=None) -> Common:

@@ -29,7 +29,7 @@ import numpy as np
 
 from simpar import precision
 from simpar.config import Section
-from simpar.drive.loop import Options, device_mesh, read_options
+from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
 from simpar.particles import nbody_run as io
@@ -42,7 +42,7 @@ def _check_path(path, key) -> None:
         )
 
 
-class NBodyPlan:
+class NBodyPlan(Plan):
     """A validated N-body run (nothing allocated).
 
     Attributes:
@@ -114,7 +114,7 @@ class NBodyPlan:
         return NBodyRun(self, ck)
 
 
-class NBodyRun:
+class NBodyRun(Run):
     """An N-body run on a ring engine (see ``simpar.drive.loop.Run`` for the methods)."""
 
     desc = "nbody"
@@ -177,9 +177,6 @@ class NBodyRun:
 
     def postfix(self, obs) -> dict:
         return {"dE": f"{self.max_de:.1e}"}
-
-    def frame_line(self, step, obs, first) -> None:
-        return None
 
     def snapshot(self):
         return self.eng.fetch(self.state)  # a collective across processes

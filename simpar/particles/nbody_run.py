@@ -46,6 +46,12 @@ _OBSERVABLES = (
 
 
 def observable_values(obs: Observables) -> dict[str, np.ndarray]:
+    """The observables of one frame as float64 host values (whole-system totals).
+
+    Returns:
+      ``kinetic_energy``, ``potential_energy``, ``total_energy``, ``virial_ratio`` (scalars)
+      and ``momentum``, ``angular_momentum`` (``(3,)``), in N-body units.
+    """
     kin, pot = float(obs.kinetic), float(obs.potential)
     return {
         "kinetic_energy": np.float64(kin),
