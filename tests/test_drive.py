@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -184,3 +185,66 @@ def test_one_output_every_default_and_one_steps_check(tmp_path, name):
     code, _, err = _main(_args(name, tmp_path / f"x.{ext}", steps=-1))
     assert code == 2 and "--steps: must be an integer >= 0, got -1" in err
     assert not (tmp_path / f"x.{ext}").exists()
+
+
+@pytest.mark.parametrize("name", ["heat", "lj", "nbody"])
+def test_chunks_bounded_in_wall_time_give_the_same_results(tmp_path, monkeypatch, name):
+    from simpar.drive import loop
+
+    ext = MODELS[name][1]
+    ref, short = tmp_path / f"ref.{ext}", tmp_path / f"short.{ext}"
+    assert _main(_args(name, ref, steps=12, every=6))[0] == 0
+    sizes = []
+    record = loop.ChunkClock.record
+    monkeypatch.setattr(
+        loop.ChunkClock, "record", lambda s, k, t: (sizes.append(k), record(s, k, t))
+    )
+    monkeypatch.setattr(loop, "CHUNK_SECONDS", 1e-9)  # every chunk "too long": 1 step each
+    monkeypatch.setattr(loop, "PROBE_STEPS", 4)
+    code, stdout, err = _main(_args(name, short, steps=12, every=6))
+    assert code == 0, err
+    assert sizes[0] == 4 and set(sizes[1:]) == {1} and sum(sizes) == 12
+    assert _frame_steps(short) == _frame_steps(ref) == [0, 6, 12]
+    assert json.loads(stdout)["frames"] == 3
+    a, b = _datasets(ref), _datasets(short)
+    for key in a:
+        np.testing.assert_array_equal(b[key], a[key], err_msg=f"{name} {key}")
+
+
+def test_sigterm_during_a_long_chunk_exits_143_within_5_s_with_a_resumable_checkpoint(tmp_path):
+    # issue 17: chunks end after ~2 s of measured step time, not only at output frames
+    from simpar.io import checkpoint
+
+    out = tmp_path / "run.nc"
+    args = ["run", str(ROOT / "experiments/heat2d.toml"), "--out", str(out), "--quiet"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "simpar", *args, "--steps", "2000000", "--set",
+         "output.every=1000000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    ckpt = checkpoint.checkpoint_path(out)
+    t0 = time.monotonic()
+    while not ckpt.exists():  # frame 0 and its checkpoint are written: now stepping
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() - t0 < 120
+        time.sleep(0.05)
+    time.sleep(3.0)  # one million steps take minutes: the signal lands inside the interval
+    sent = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    took = time.monotonic() - sent
+    assert p.returncode == 143 and took < 5.0, (p.returncode, took, err)
+    assert "Traceback" not in err and "terminated" in err
+    assert _status(out) == "failed: terminated" and _frame_steps(out) == [0]
+    # the checkpoint resumes to the state of a run that was never stopped
+    more = ["--steps", "300", "--set", "output.every=1000000"]
+    code, _, err = _main([*args, *more, "--resume"])
+    assert code == 0, err
+    ref = tmp_path / "ref.nc"
+    assert _main(["run", str(ROOT / "experiments/heat2d.toml"), "--out", str(ref), "--quiet",
+                  *more])[0] == 0  # fmt: skip
+    assert _frame_steps(out) == _frame_steps(ref) == [0, 300]
+    a, b = _datasets(ref), _datasets(out)
+    for key in a:
+        np.testing.assert_array_equal(b[key], a[key], err_msg=key)

@@ -12,7 +12,8 @@
 3. checks ``--resume`` against the checkpoint (or refuses an existing output without
    ``--overwrite``), builds the adapter's *run* (state on the devices), and only then, once
    every process has validated (barrier), lets process 0 open the writer;
-4. advances in chunks that end at every frame step, checks the run's problems between chunks
+4. advances in chunks that end at every frame step or after about 2 s of measured step
+   time (:class:`ChunkClock`), checks the run's problems between chunks
    (a ``SimulationError`` with the step, the reason, the setting to change and the last good
    output), writes frames and checkpoints, honours SIGINT/SIGTERM at chunk boundaries, shows
    progress, sets ``run_status`` one way (``running`` -> ``complete`` | ``failed: <reason>``)
@@ -29,6 +30,7 @@ returning a :class:`Plan` subclass, whose ``build`` returns a :class:`Run` subcl
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -274,6 +276,47 @@ def device_mesh(
     return out
 
 
+class ChunkClock:
+    """Chunk sizes bounded in wall time, so signals are honoured within seconds.
+
+    A chunk ends at the next frame step or after about ``target`` seconds of measured step
+    time, whichever comes first. Chunks that stop short of a frame are powers of two (each
+    new size compiles a new chunk program, so few sizes are used); a run whose frames are at
+    most ``probe`` steps apart, or fast enough, keeps one chunk per frame. Results do not
+    depend on where chunks end (every step runs the same arithmetic).
+
+    Args:
+      target: wall seconds a chunk should take at most (s); the first chunk of a new size
+        also compiles, so it may take longer.
+      probe: steps of the first chunk, before a step time has been measured.
+      fixed: one chunk per frame (multi-process runs: every process must run the same chunk
+        sizes, and each would measure its own time).
+    """
+
+    def __init__(self, target: float = 2.0, probe: int = 128, fixed: bool = False):
+        self.target, self.limit, self.fixed = target, probe, fixed
+        self.compiled: set[int] = set()
+        self.step_s: float | None = None  # seconds per step (s), measured
+
+    def size(self, to_frame: int) -> int:
+        """Steps of the next chunk, given the steps left to the next frame."""
+        return to_frame if self.fixed else min(to_frame, self.limit)
+
+    def record(self, k: int, seconds: float) -> None:
+        """Take the wall time (s) of a chunk of ``k`` steps into account."""
+        first_use = k not in self.compiled
+        self.compiled.add(k)
+        if first_use and self.step_s is not None:
+            return  # includes its compilation: not a measure of the step time
+        self.step_s = max(seconds, 1e-9) / k
+        steps = self.target / self.step_s
+        self.limit = 1 << max(math.floor(math.log2(steps)), 0) if steps >= 1 else 1
+
+
+CHUNK_SECONDS = 2.0  # wall time of a chunk at most (about; ChunkClock)
+PROBE_STEPS = 128  # steps of the first chunk, before the step time is known
+
+
 def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
     """Run one experiment through ``adapter`` (a module with ``plan``); returns the summary.
 
@@ -361,16 +404,21 @@ def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
             if not c.resume:
                 frame(first, obs0)
             bar.update(done)
+            clock = ChunkClock(CHUNK_SECONDS, PROBE_STEPS, fixed=distributed.process_count() > 1)
             while done < c.steps:
-                stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
-                k = min(c.every - done % c.every, c.steps - done)  # ends at a frame step
+                stop.check()  # SIGINT/SIGTERM: stop here, after the last chunk
+                to_frame = min(c.every - done % c.every, c.steps - done)
+                k = clock.size(to_frame)
+                t = time.perf_counter()
                 run.advance(k, last_good)
                 done += k
-                obs = run.observe()
+                obs = run.observe()  # waits for the chunk: its wall time is measured
+                clock.record(k, time.perf_counter() - t)
                 problem = run.problem(obs, first + done)
                 if problem:
                     raise SimulationError(first + done, problem[0], problem[1], last_good)
-                frame(first + done, obs)
+                if k == to_frame:
+                    frame(first + done, obs)
                 bar.update(k, **run.postfix(obs))
             if main:
                 try:
