@@ -219,7 +219,7 @@ class LJRun(Run):
     def postfix(self, th) -> dict:
         return {"T": f"{th['temperature']:.4g}", "E": f"{th['total_energy']:.6g}"}
 
-    def frame_line(self, step, th, first) -> str:
+    def at_frame(self, step, th, first) -> str:
         return observables.format_thermo(step, th, header=first)
 
     def checkpoint_state(self, g, step) -> dict:

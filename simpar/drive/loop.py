@@ -113,7 +113,7 @@ class Common:
 class Run:
     """A model's state on the devices, as the loop drives it (built by ``Plan.build``).
 
-    Adapters subclass it; ``layout``, ``postfix`` and ``frame_line`` have defaults.
+    Adapters subclass it; ``layout``, ``postfix`` and ``at_frame`` have defaults.
     """
 
     desc: str = "simpar"  # progress label
@@ -126,8 +126,9 @@ class Run:
         """Values shown next to the progress bar (e.g. ``T=1.44``)."""
         return {}
 
-    def frame_line(self, step: int, obs: dict, first: bool) -> str | None:
-        """A line printed with each frame (LJ: a thermo row; ``first``: with its header)."""
+    def at_frame(self, step: int, obs: dict, first: bool) -> str | None:
+        """Called at every frame (every process); returns a line to print with it or None
+        (LJ: a thermo row, ``first``: with its header)."""
         return None
 
     def initial_problem(self, obs: dict) -> None:
@@ -281,14 +282,15 @@ class ChunkClock:
 
     A chunk ends at the next frame step or after about ``target`` seconds of measured step
     time, whichever comes first. Chunks that stop short of a frame are powers of two (each
-    new size compiles a new chunk program, so few sizes are used); a run whose frames are at
-    most ``probe`` steps apart, or fast enough, keeps one chunk per frame. Results do not
-    depend on where chunks end (every step runs the same arithmetic).
+    new size compiles a new chunk program, so few sizes are used, and the first chunk of a
+    size, which compiles, is not taken as a measure); a run whose frames are at most ``probe``
+    steps apart, or fast enough, keeps one chunk per frame. Results do not depend on where
+    chunks end (every step runs the same arithmetic).
 
     Args:
       target: wall seconds a chunk should take at most (s); the first chunk of a new size
         also compiles, so it may take longer.
-      probe: steps of the first chunk, before a step time has been measured.
+      probe: steps of a chunk at most before a step time has been measured.
       fixed: one chunk per frame (multi-process runs: every process must run the same chunk
         sizes, and each would measure its own time).
     """
@@ -306,7 +308,7 @@ class ChunkClock:
         """Take the wall time (s) of a chunk of ``k`` steps into account."""
         first_use = k not in self.compiled
         self.compiled.add(k)
-        if first_use and self.step_s is not None:
+        if first_use:
             return  # includes its compilation: not a measure of the step time
         self.step_s = max(seconds, 1e-9) / k
         steps = self.target / self.step_s
@@ -314,7 +316,7 @@ class ChunkClock:
 
 
 CHUNK_SECONDS = 2.0  # wall time of a chunk at most (about; ChunkClock)
-PROBE_STEPS = 128  # steps of the first chunk, before the step time is known
+PROBE_STEPS = 128  # steps of a chunk at most until the step time is measured
 
 
 def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
@@ -378,7 +380,7 @@ def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
                 nonlocal frames, last_good
                 frames += 1
                 snap = run.snapshot()  # every process: a collective across processes
-                line = run.frame_line(step, obs, frames == 1)
+                line = run.at_frame(step, obs, frames == 1)
                 if line:
                     bar.write(line)
                 if main:

@@ -142,13 +142,15 @@ class NBodyRun(Run):
         self._obs = io.observable_values(self.eng.observables(self.state, self.params))
 
     def observe(self) -> dict:
-        obs = self._obs
-        if np.all(np.isfinite(np.concatenate([np.atleast_1d(v) for v in obs.values()]))):
-            if self.e0 is None:
-                self.e0 = float(obs["total_energy"])
-            self.max_de = max(self.max_de, abs(float(obs["total_energy"]) / self.e0 - 1.0))
-            self.max_p = max(self.max_p, float(np.abs(obs["momentum"]).max()))
-        return obs
+        return self._obs
+
+    def _track(self, obs) -> None:
+        """The max relative energy error and |total momentum| over the frames."""
+        self.max_de = max(self.max_de, abs(float(obs["total_energy"]) / self.e0 - 1.0))
+        self.max_p = max(self.max_p, float(np.abs(obs["momentum"]).max()))
+
+    def at_frame(self, step, obs, first) -> None:
+        self._track(obs)
 
     def _nonfinite(self, obs) -> str | None:
         values = np.concatenate([np.atleast_1d(v) for v in obs.values()])
@@ -164,6 +166,9 @@ class NBodyRun(Run):
         why = self._nonfinite(obs)
         if why:
             raise SimulationError(self.step, why, self._HINT)
+        if self.e0 is None:
+            self.e0 = float(obs["total_energy"])
+        self._track(obs)  # the first frame, or the state a resumed run starts from
 
     def advance(self, k: int, last_good: str) -> None:
         self.prev = self.step
