@@ -234,7 +234,9 @@ def read_options(cfg: Section, opts: Options, *, default_path: str, check_path=N
     else:
         mesh, mesh_key = (tuple(cfg_mesh) if cfg_mesh else None), "parallel.mesh"
     multi = distributed.process_count() > 1
-    n_devices = opts.devices if opts.devices is not None and not multi else len(jax.devices())
+    n_devices = len(jax.devices())
+    if opts.devices is not None and not multi:  # --devices: the default mesh spans these
+        n_devices = min(opts.devices, n_devices)
     return Common(
         engine=engine,
         engine_key="--engine" if opts.engine else "parallel.engine",
