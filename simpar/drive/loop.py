@@ -84,7 +84,8 @@ class Common:
       engine: one of ``simpar.parallel.blocks.ENGINES``; engine_key: where it came from.
       engine_from_cli: ``--engine`` was given.
       mesh: the requested device grid (``--mesh`` over ``parallel.mesh``) or None;
-        mesh_key: ``"--mesh"`` or ``"parallel.mesh"``.
+        mesh_key: where it came from: ``"--mesh"``, ``"parallel.mesh"`` or ``"--devices"``
+        (``--engine`` with ``--devices``: every device, the config's mesh is not used).
       n_devices: devices the default mesh spans (``--devices`` on one process, else all).
       steps: steps after the run's first step (``--steps`` over ``time.steps``).
       every: steps between frames (``output.every``, default ``max(steps // 10, 1)``).
@@ -206,6 +207,10 @@ def read_options(cfg: Section, opts: Options, *, default_path: str, check_path=N
       check_path: ``(path, key) -> None``, the model's own rule for the output name
         (e.g. ``.h5md`` for particle runs); raises ``ConfigError``.
 
+    The requested mesh: ``--mesh``; else, when ``--engine`` (not ``single``) is given with
+    ``--devices`` or across processes, none (every device: the command line beats the
+    config's mesh or device count); else ``parallel.mesh``.
+
     Raises:
       ConfigError: a bad value, naming the option or key.
     """
@@ -229,11 +234,13 @@ def read_options(cfg: Section, opts: Options, *, default_path: str, check_path=N
     cfg_engine = par.get("engine", "single", kind=str, choices=ENGINES)
     engine = check_engine(opts.engine, "--engine") if opts.engine else cfg_engine
     cfg_mesh = par.get("mesh", None, kind=int, length=(1, 2, 3), min=1)
+    multi = distributed.process_count() > 1
     if opts.mesh is not None:
         mesh, mesh_key = tuple(int(m) for m in opts.mesh), "--mesh"
+    elif opts.engine not in (None, "single") and (opts.devices is not None or multi):
+        mesh, mesh_key = None, "--devices"  # the command line's devices, not the config's mesh
     else:
         mesh, mesh_key = (tuple(cfg_mesh) if cfg_mesh else None), "parallel.mesh"
-    multi = distributed.process_count() > 1
     n_devices = len(jax.devices())
     if opts.devices is not None and not multi:  # --devices: the default mesh spans these
         n_devices = min(opts.devices, n_devices)
