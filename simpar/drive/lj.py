@@ -135,9 +135,9 @@ class LJPlan(Plan):
         if c.engine == "sharded" and c.mesh is not None and len(c.mesh) != 1:
             raise ConfigError(c.mesh_key, f"LJ uses a 1-D particle mesh, got {c.mesh}")
         self.mesh = device_mesh(c)
-        lj_config._check_memory(cfg)
-        r, v, box, self.step0, key = lj_config._initial(cfg)
-        lj_config._check_geometry(cfg, box)
+        lj_config.check_memory(cfg)
+        r, v, box, self.step0, key = lj_config.initial_state(cfg)
+        lj_config.check_geometry(cfg, box)
         if self.decomposed:
             if cfg["boundary"] != "periodic":
                 raise ConfigError(
@@ -213,7 +213,7 @@ class LJRun(Run):
         return self._snap
 
     def problem(self, th, step):
-        why = lj_config._blown_up(self.snapshot(), th, self.cfg["dt"])
+        why = lj_config.blown_up(self.snapshot(), th, self.cfg["dt"])
         return (why, "reduce time.dt (or check the potential and initial state)") if why else None
 
     def postfix(self, th) -> dict:

@@ -33,7 +33,7 @@ import numpy as np
 from simpar.io.h5md import H5MDWriter
 from simpar.particles.nbody import Observables
 
-__all__ = ["run_config"]
+__all__ = ["observable_values", "open_output", "run_config"]
 
 _OBSERVABLES = (
     "kinetic_energy",

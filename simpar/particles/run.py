@@ -219,7 +219,7 @@ def _check_restart(path: str, fr: dict) -> None:
         )
 
 
-def _initial(cfg):
+def initial_state(cfg):
     """Positions, velocities, box, step, key from the config (host arrays)."""
     dtype = jnp.dtype(cfg["dtype"])
     if cfg["init"] == "lattice":
@@ -241,7 +241,7 @@ def _initial(cfg):
     return r, np.asarray(fr["velocity"], dtype), np.asarray(box, dtype), fr["step"], key
 
 
-def _check_memory(cfg) -> None:
+def check_memory(cfg) -> None:
     """Refuse a run that cannot fit, before the lattice or neighbour lists are allocated."""
     if cfg["init"] == "lattice":
         n = (4 if cfg["lattice"] == "fcc" else 1) * math.prod(cfg["cells"])
@@ -265,7 +265,9 @@ def _check_memory(cfg) -> None:
     )
 
 
-def _check_geometry(cfg, box):
+def check_geometry(cfg, box) -> None:
+    """Refuse a periodic box whose edges ``box`` ``(3,)`` are shorter than twice the
+    interaction reach (cutoff + skin), which the minimum image needs."""
     if cfg["boundary"] == "periodic":
         need = 2.0 * (cfg["cutoff"] + cfg["skin"])
         if np.min(box) < need:
@@ -276,7 +278,7 @@ def _check_geometry(cfg, box):
             )
 
 
-def _blown_up(g: dict, th: dict, dt: float) -> str | None:
+def blown_up(g: dict, th: dict, dt: float) -> str | None:
     """Why the run cannot go on (non-finite values, atoms jumping > 0.5 sigma per step).
 
     ``g``: global host arrays ``position`` and ``velocity`` of the atoms."""
