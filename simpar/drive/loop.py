@@ -231,7 +231,11 @@ def read_options(cfg: Section, opts: Options, *, default_path: str, check_path=N
         check_path(path, path_key)
     save = o.get("checkpoint", True, kind=bool)
     par = cfg.section("parallel")
-    cfg_engine = par.get("engine", "single", kind=str, choices=ENGINES)
+    cfg_engine = par.get("engine", "single", kind=str)
+    if cfg_engine not in ENGINES:
+        raise ConfigError(
+            par.key("engine"), f"unknown engine {cfg_engine!r}; supported: {', '.join(ENGINES)}"
+        )
     engine = check_engine(opts.engine, "--engine") if opts.engine else cfg_engine
     cfg_mesh = par.get("mesh", None, kind=int, length=(1, 2, 3), min=1)
     multi = distributed.process_count() > 1
