@@ -202,8 +202,6 @@ def _cmd_run(args) -> int:
 
     if args.devices is not None and not 1 <= args.devices <= MAX_DEVICES:
         raise ConfigError("--devices", f"must be 1 .. {MAX_DEVICES}, got {args.devices}")
-    if args.steps is not None and args.steps < 0:
-        raise ConfigError("--steps", f"must be >= 0, got {args.steps}")
     mesh = parse_mesh(args.mesh) if args.mesh else None
     multi = args.distributed or any(
         v is not None for v in (args.coordinator, args.num_processes, args.process_id)
@@ -214,21 +212,7 @@ def _cmd_run(args) -> int:
         )
     devices = args.devices  # per process in a multi-process run
     if devices is None and mesh is not None and not multi:
-        devices = math.prod(mesh)
-    n_proc = args.num_processes if args.num_processes is not None else 1
-    # under --distributed the process count is known only after JAX joins the cluster; then
-    # make_engine checks the mesh against jax.devices()
-    if (
-        mesh is not None
-        and devices is not None
-        and not args.distributed
-        and math.prod(mesh) > devices * n_proc
-    ):
-        raise ConfigError(
-            "--mesh",
-            f"mesh {args.mesh} needs {math.prod(mesh)} devices but --devices is {devices}"
-            + (f" per process x {n_proc} processes" if n_proc > 1 else ""),
-        )
+        devices = math.prod(mesh)  # on CPU: as many virtual devices as the mesh needs
     data, text = cfgmod.load(args.config, args.set)
     signals.check()  # a Ctrl-C / SIGTERM during start-up stops here, before JAX starts
     _configure_jax(devices)
@@ -246,11 +230,6 @@ def _cmd_run(args) -> int:
             f"{devices} devices requested but only {len(jax.local_devices())} "
             f"{jax.default_backend()} devices exist",
         )
-    if mesh is None and args.engine not in (None, "single"):
-        if jax.process_count() > 1:
-            mesh = (jax.device_count(),)
-        elif devices is not None:
-            mesh = (devices,)
     from simpar.run import run_config
 
     summary = run_config(
@@ -264,6 +243,7 @@ def _cmd_run(args) -> int:
         progress=not args.quiet,
         resume=args.resume,
         show_layout=args.show_layout,
+        devices=args.devices,  # the default mesh spans them (simpar.drive.loop.device_mesh)
     )
     if jax.process_index() == 0:
         print(json.dumps(summary, default=str))

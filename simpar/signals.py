@@ -3,8 +3,9 @@
 ``SIGTERM`` is what ``timeout``, ``kill`` and batch systems (SLURM at the end of a job's time)
 send; it is handled like Ctrl-C (``SIGINT``). The first signal only sets a flag; the command
 line and the drivers call :func:`check` at safe points (after the configuration is read, after
-JAX has started, before the output file is created, and before each chunk of steps, i.e. after
-the previous chunk's frame and checkpoint were written), which raises :class:`Interrupted`.
+JAX has started, before the output file is created, and before each chunk of steps; chunks
+end at an output frame or after about 2 s of measured step time, ``simpar.drive.loop``),
+which raises :class:`Interrupted`. The checkpoint is the last frame's.
 A running simulation then writes ``run_status = "failed: interrupted"`` or ``"failed:
 terminated"`` and the command line exits 130 (SIGINT) or 143 (SIGTERM). A second signal
 raises at once.

@@ -1,4 +1,4 @@
-"""Driver for particle configs (``[model] name = "lj"``): TOML -> validated run -> H5MD.
+"""The LJ/Morse config reader (``[model] name = "lj"``); the run goes through ``simpar.drive``.
 
 Config layout (every key optional unless marked; defaults in brackets)::
 
@@ -37,7 +37,7 @@ Config layout (every key optional unless marked; defaults in brackets)::
     dt = 0.005                   # required
     steps = 100                  # required (or --steps)
     [output]
-    every = 20                   # steps per frame (and per jitted chunk)
+    every = 20                   # steps per frame [a tenth of time.steps, at least 1]
     path = "data/runs/lj.h5md"
     velocity = true
     force = false
@@ -48,7 +48,10 @@ Config layout (every key optional unless marked; defaults in brackets)::
                                  # pmap / shard_map: the device grid cutting the box
                                  # into sub-boxes, e.g. [2, 4] or [2, 2, 2] [all along x]
 
-Everything is validated before the output file is created.
+Everything is validated before the output file is created. ``time.steps``, ``output.every``,
+``output.path``, ``output.checkpoint``, ``parallel.engine`` and ``parallel.mesh`` are read by
+the driver (``simpar.drive.loop.read_options``), the rest by :func:`read_config`; the chunk
+loop is ``simpar.drive.loop`` and the LJ adapter ``simpar.drive.lj``.
 
 Restart: with each frame the complete state (``simpar.particles.checkpoint``) is written
 atomically to ``<path>.ckpt``; ``run_config(..., resume=True)`` (``simpar run --resume``)
@@ -60,40 +63,35 @@ instead starts a new run from a saved frame: see ``simpar.io.h5md`` for its tole
 from __future__ import annotations
 
 import math
-import os
-import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simpar import precision, signals
+from simpar import precision
 from simpar.config import Section
-from simpar.errors import ConfigError, SimulationError
-from simpar.io import checkpoint, h5md
-from simpar.io.files import (
-    check_output_path,
-    set_status_or_fail,
-    status_on_exit,
-    write_error,
-)
-from simpar.io.meta import run_metadata, run_summary
+from simpar.errors import ConfigError
+from simpar.io import h5md
 from simpar.memory import check_fits
-from simpar.parallel import distributed, domain
-from simpar.parallel.particles import shard_particles
-from simpar.particles import checkpoint as particle_checkpoint
-from simpar.particles import lattice, md, observables, potentials, space
-from simpar.progress import Progress
+from simpar.particles import lattice, md, potentials
 
-ENGINES = ("single", "pmap", "shard_map", "sharded")
 DOMAIN_ENGINES = ("pmap", "shard_map")  # spatial decomposition (simpar.parallel.domain)
 
 
-def _read(data: dict, engine, mesh, steps, out):
-    """Read and validate the whole config; returns a plain dict of settings."""
-    root = Section(data)
+def read_config(root: Section) -> dict:
+    """Read and validate the LJ keys of a config (the driver reads the shared ones).
+
+    Args:
+      root: the whole config.
+
+    Returns:
+      A plain dict of settings (``name``, ``init``, ``dtype``, potential, neighbour and
+      integrator settings, ``restart`` for ``system.init = "h5md"``).
+
+    Raises:
+      ConfigError: a bad value, naming the key.
+    """
     cfg: dict = {"name": root.get("name", "lj", kind=str)}
     model = root.section("model", required=True)
     cfg["model"] = model.get("name", kind=str, choices=("lj",))
@@ -151,62 +149,17 @@ def _read(data: dict, engine, mesh, steps, out):
     else:
         cfg["kt"], cfg["gamma"], cfg["noise_seed"] = 0.0, 0.0, 0
 
-    tm = root.section("time")
-    cfg["dt"] = tm.get("dt", min=0.0, exclusive_min=True)
-    n_steps = tm.get("steps", None, kind=int, min=0)
-    if steps is not None:
-        if steps < 0:
-            raise ConfigError("--steps", f"must be >= 0, got {steps}")
-        n_steps = steps
-    if n_steps is None:
-        raise ConfigError("time.steps", "missing; set it in the config or with --steps N")
-    cfg["steps"] = n_steps
-
+    cfg["dt"] = root.section("time").get("dt", min=0.0, exclusive_min=True)
     o = root.section("output")
-    cfg["every"] = o.get("every", max(min(n_steps, 100), 1), kind=int, min=1)
-    path = o.get("path", f"data/runs/{cfg['name']}.h5md", kind=str)
-    cfg["path"] = out if out is not None else path
-    key = cfg["path_key"] = "--out" if out is not None else "output.path"
-    check_output_path(cfg["path"], key)
-    if not cfg["path"].endswith(".h5md"):
-        raise ConfigError(key, f"must end in .h5md (MDAnalysis needs it), got {cfg['path']!r}")
     cfg["write_velocity"] = o.get("velocity", True, kind=bool)
     cfg["write_force"] = o.get("force", False, kind=bool)
-    cfg["checkpoint"] = o.get("checkpoint", True, kind=bool)
-
-    par = root.section("parallel")
-    eng = par.get("engine", "single", kind=str)
-    eng = engine if engine is not None else eng
-    if eng not in ENGINES:
-        raise ConfigError(
-            "parallel.engine" if engine is None else "--engine",
-            f"{eng!r} is not supported for model 'lj'; supported: {', '.join(ENGINES)}",
-        )
-    cfg["engine"] = eng
-    ndev = len(jax.devices())
-    mesh_cfg = par.get("mesh", None, kind=int, length=(1, 2, 3), min=1)
-    mesh = tuple(mesh) if mesh is not None else (tuple(mesh_cfg) if mesh_cfg else None)
-    if eng == "single":
-        # as for grid models: `single` runs on one device whatever the mesh (the mesh says
-        # how the other engines split the work, so one command line serves every engine)
-        mesh = (1,)
-    elif eng in DOMAIN_ENGINES:
-        mesh = mesh or (ndev,)
-        if math.prod(mesh) > ndev:
-            raise ConfigError(
-                "--mesh",
-                f"mesh {'x'.join(map(str, mesh))} needs {math.prod(mesh)} devices but only "
-                f"{ndev} are available (on CPU, pass --devices {math.prod(mesh)})",
-            )
-    else:
-        mesh = mesh or (ndev,)
-        if len(mesh) != 1:
-            raise ConfigError("parallel.mesh", f"LJ uses a 1-D particle mesh, got {mesh}")
-        if mesh[0] > ndev:
-            raise ConfigError("parallel.mesh", f"{mesh[0]} devices asked, {ndev} present")
-    cfg["mesh"] = mesh
-    root.check_unused()
     return cfg
+
+
+def check_path(path, key) -> None:
+    """An LJ output must end in ``.h5md`` (MDAnalysis recognises H5MD by it)."""
+    if not str(path).endswith(".h5md"):
+        raise ConfigError(key, f"must end in .h5md (MDAnalysis needs it), got {str(path)!r}")
 
 
 def _check_restart(path: str, fr: dict) -> None:
@@ -266,7 +219,7 @@ def _check_restart(path: str, fr: dict) -> None:
         )
 
 
-def _initial(cfg):
+def initial_state(cfg):
     """Positions, velocities, box, step, key from the config (host arrays)."""
     dtype = jnp.dtype(cfg["dtype"])
     if cfg["init"] == "lattice":
@@ -288,7 +241,7 @@ def _initial(cfg):
     return r, np.asarray(fr["velocity"], dtype), np.asarray(box, dtype), fr["step"], key
 
 
-def _check_memory(cfg) -> None:
+def check_memory(cfg) -> None:
     """Refuse a run that cannot fit, before the lattice or neighbour lists are allocated."""
     if cfg["init"] == "lattice":
         n = (4 if cfg["lattice"] == "fcc" else 1) * math.prod(cfg["cells"])
@@ -312,7 +265,9 @@ def _check_memory(cfg) -> None:
     )
 
 
-def _check_geometry(cfg, box):
+def check_geometry(cfg, box) -> None:
+    """Refuse a periodic box whose edges ``box`` ``(3,)`` are shorter than twice the
+    interaction reach (cutoff + skin), which the minimum image needs."""
     if cfg["boundary"] == "periodic":
         need = 2.0 * (cfg["cutoff"] + cfg["skin"])
         if np.min(box) < need:
@@ -323,7 +278,7 @@ def _check_geometry(cfg, box):
             )
 
 
-def _blown_up(g: dict, th: dict, dt: float) -> str | None:
+def blown_up(g: dict, th: dict, dt: float) -> str | None:
     """Why the run cannot go on (non-finite values, atoms jumping > 0.5 sigma per step).
 
     ``g``: global host arrays ``position`` and ``velocity`` of the atoms."""
@@ -352,13 +307,13 @@ def run_config(
     overwrite: bool = False,
     resume: bool = False,
 ) -> dict:
-    """Run an LJ/Morse MD config and write an H5MD trajectory.
+    """Run an LJ/Morse MD config and write an H5MD trajectory (``simpar.drive``).
 
     Args:
       data: parsed TOML (``--set`` overrides applied).
       config_text: the resolved config as TOML text (stored in the output).
-      engine: ``"single"`` or ``"sharded"`` (None: ``parallel.engine``).
-      mesh: device mesh for ``sharded`` (None: ``parallel.mesh`` or all devices).
+      engine: ``single``, ``pmap``, ``shard_map`` or ``sharded`` (None: ``parallel.engine``).
+      mesh: device grid (None: ``parallel.mesh`` or all devices; ``sharded`` is 1-D).
       steps: overrides ``time.steps``.
       out: overrides ``output.path``.
       progress: show a progress bar / log lines and a thermo row per frame (stderr).
@@ -378,214 +333,9 @@ def run_config(
       ConfigError: invalid config (no output file is created).
       SimulationError: NaN / unrepairable overflow, naming the step and what to change.
     """
-    cfg = _read(data, engine, mesh, steps, out)
-    if distributed.process_count() > 1 and cfg["engine"] == "single":
-        raise ConfigError(
-            "--engine",
-            "engine 'single' runs in one process; across processes MD runs on 'pmap', "
-            "'shard_map' or 'sharded'",
-        )
-    main = distributed.is_main()
-    progress = progress and main
-    ck = None
-    if resume:
-        ck, ck_step = checkpoint.load_for_resume(cfg["path"], config_text, "lj")
-    elif Path(cfg["path"]).exists() and not overwrite:
-        raise ConfigError(
-            "--out",
-            f"output file {cfg['path']} exists; pass --overwrite to replace it or choose "
-            "another --out",
-        )
-    _check_memory(cfg)
-    r, v, box, step0, key = _initial(cfg)
-    _check_geometry(cfg, box)
-    decomposed = cfg["engine"] in DOMAIN_ENGINES
-    if decomposed:
-        if cfg["boundary"] != "periodic":
-            raise ConfigError(
-                "system.boundary",
-                f"engine {cfg['engine']!r} cuts a periodic box into sub-boxes; free space "
-                "runs on 'single' or 'sharded'",
-            )
-        domain.check_mesh(cfg["mesh"], box, cfg["cutoff"] + cfg["skin"], cfg["skin"])
-    if ck is not None:
-        step0 = int(ck.get("start_step", step0))
-        if ck_step >= step0 + cfg["steps"]:
-            raise ConfigError(
-                "--steps", f"the checkpoint is at step {ck_step}; ask for more steps to resume"
-            )
-        if ck.get("position", r).shape != r.shape:
-            raise ConfigError("--resume", "the checkpoint holds another number of atoms")
-    dtype = jnp.dtype(cfg["dtype"])
-    n = r.shape[0]
-    ndev = 1 if decomposed else cfg["mesh"][0]
-    cap = -(-n // ndev) * ndev
-    valid = np.arange(cap) < n
-    pad = lambda x: np.concatenate([x, np.zeros((cap - n,) + x.shape[1:], x.dtype)])  # noqa: E731
-    r, v = pad(r), pad(v)
-    spc = (space.periodic if cfg["boundary"] == "periodic" else space.free)(box, dtype)
-    if cfg["kind"] == "lj":
-        pot = potentials.lennard_jones(
-            cfg["epsilon"], cfg["sigma"], cfg["cutoff"], cfg["shift"], dtype
-        )
-    else:
-        pot = potentials.morse(
-            cfg["epsilon"], cfg["alpha"], cfg["sigma"], cfg["cutoff"], cfg["shift"], dtype
-        )
-    if key is None:
-        key = jax.random.PRNGKey(cfg["noise_seed"])
-    placement = None
-    if cfg["engine"] == "sharded":
-        placement = lambda tree: shard_particles(tree, ndev, cap)  # noqa: E731
-    layout = particle_checkpoint.layout_name(cfg["engine"], cfg["mesh"], cap)
-    if decomposed:
-        sim = domain.make_domain_simulation(
-            cfg["engine"], cfg["mesh"], spc, pot, r, v, mass=cfg["mass"], key=key,
-            dt=cfg["dt"], ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"],
-            skin=cfg["skin"], step=step0, max_neighbors=cfg["max_neighbors"],
-            capacity_factor=cfg["capacity_factor"],
-            restore=None if ck is None else particle_checkpoint.lj_global_arrays(ck),
-        )  # fmt: skip
-    elif ck is not None:
-        sim = particle_checkpoint.lj_sim_from_checkpoint(
-            ck, spc, pot, ensemble=cfg["ensemble"], dt=cfg["dt"], kt=cfg["kt"],
-            gamma=cfg["gamma"], capacity=cap, layout=layout,
-            capacity_factor=cfg["capacity_factor"], placement=placement,
-        )  # fmt: skip
-    else:
-        sim = md.make_simulation(
-            spc, pot, r, v, mass=cfg["mass"], valid=valid, key=key, dt=cfg["dt"],
-            ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"], skin=cfg["skin"],
-            step=step0, max_neighbors=cfg["max_neighbors"],
-            capacity_factor=cfg["capacity_factor"], placement=placement,
-        )  # fmt: skip
-    th0 = sim.thermo()
-    if not all(math.isfinite(x) for x in th0.values()):
-        raise SimulationError(step0, "non-finite energy in the initial state",
-                              "check system.* (overlapping atoms?)")  # fmt: skip
+    from simpar.drive import run_model
 
-    seed = cfg.get("seed") if cfg["init"] == "lattice" else None
-    attrs = run_metadata(
-        config_text, engine=cfg["engine"], mesh=cfg["mesh"], dtype=cfg["dtype"],
-        seed=seed if cfg["ensemble"] == "nve" else cfg["noise_seed"], model="lj",
+    return run_model(
+        "lj", data, config_text, engine=engine, mesh=mesh, steps=steps, out=out,
+        progress=progress, overwrite=overwrite, resume=resume,
     )  # fmt: skip
-    attrs.update(dt=cfg["dt"], ensemble=cfg["ensemble"], potential=cfg["kind"],
-                 cutoff=cfg["cutoff"], skin=cfg["skin"], n_atoms=np.int64(n),
-                 velocity_seed=np.int64(-1 if seed is None else seed),
-                 noise_seed=np.int64(cfg["noise_seed"]))  # fmt: skip
-    path = cfg["path"]
-    distributed.barrier("simpar: input validated")  # every process checked before 0 writes
-    boundary = [cfg["boundary"]] * 3
-    host = distributed.to_host  # a collective in multi-process runs: every process calls it
-
-    last_good = [f"{path} (no frame written)"]
-
-    def snapshot():
-        """Global host arrays in atom-id order (a collective across processes)."""
-        if decomposed:
-            return sim.global_state()  # checks the count and ids: "lost atoms" otherwise
-        s = sim.state
-        return {"position": host(s.position)[:n], "velocity": host(s.velocity)[:n],
-                "force": host(s.force)[:n], "key": host(s.key), "step": int(s.step)}  # fmt: skip
-
-    def frame(writer, th, g, bar):
-        """Append a frame and print its thermo row (stderr, LAMMPS-like: one per frame)."""
-        nonlocal frames
-        frames += 1
-        step = int(g["step"])
-        bar.write(observables.format_thermo(step, th, header=frames == 1))
-        try:
-            writer.append(  # distributed.NoWriter on processes other than 0
-                step, float(step) * cfg["dt"], g["position"], box=np.asarray(box),
-                velocity=g["velocity"] if cfg["write_velocity"] else None,
-                force=g["force"] if cfg["write_force"] else None, observables=th,
-                rng_key=g["key"],
-            )  # fmt: skip
-        except (OSError, RuntimeError) as err:  # disk full, I/O error (h5py: RuntimeError)
-            raise write_error(err, path, step, last_good[0]) from None
-        last_good[0] = f"{path} (frames up to step {step})"
-        if cfg["checkpoint"]:  # after the frame: a kill in between drops that frame
-            if decomposed:
-                state = particle_checkpoint.domain_state_to_checkpoint(sim, g, layout, step0)
-            else:
-                state = particle_checkpoint.lj_state_to_checkpoint(sim, n, layout, step0, host)
-            if main:
-                checkpoint.save(checkpoint.checkpoint_path(path), state, step, config_text, "lj")
-
-    t0 = time.perf_counter()
-    now = sim.current_step() if decomposed else int(sim.state.step)
-    done = first = 0 if ck is None else now - step0
-    frames = 0
-    th = th0
-    signals.check()  # stopped during set-up or compilation: no output is created
-    if not main:
-        writer = distributed.NoWriter()
-    elif ck is not None:
-        writer = h5md.H5MDWriter.open_existing(path, step=step0 + done)
-        last_good[0] = f"{path} (frames up to step {step0 + done})"
-    else:
-        writer = h5md.H5MDWriter(
-            path, n, boundary=boundary, dtype=cfg["dtype"], velocity=cfg["write_velocity"],
-            force=cfg["write_force"], observables=observables.NAMES, rng_key=True,
-            mass=np.full(n, cfg["mass"]), attrs=attrs, overwrite=overwrite, key=cfg["path_key"],
-        )  # fmt: skip
-    with status_on_exit(writer):
-        with (
-            signals.deferred() as stop,
-            Progress(cfg["steps"], enabled=progress, desc=cfg["name"]) as bar,
-        ):
-            writer.set_status("running")
-            if ck is None:
-                frame(writer, th0, snapshot(), bar)
-            bar.update(done)
-            while done < cfg["steps"]:
-                stop.check()  # SIGINT/SIGTERM: stop here, after the last frame
-                # frames at step0 + multiples of output.every (also after a resume)
-                k = min(cfg["every"] - done % cfg["every"], cfg["steps"] - done)
-                try:
-                    sim.advance(k)
-                except RuntimeError as err:
-                    raise SimulationError(
-                        step0 + done,
-                        f"neighbour list overflow could not be repaired ({err})",
-                        "raise neighbors.max_neighbors or check for collapsing particles",
-                        last_good[0],
-                    ) from None
-                done += k
-                th = sim.thermo()
-                g = snapshot()
-                problem = _blown_up(g, th, cfg["dt"])
-                if problem:
-                    raise SimulationError(
-                        step0 + done, problem,
-                        "reduce time.dt (or check the potential and initial state)",
-                        last_good[0],
-                    )  # fmt: skip
-                frame(writer, th, g, bar)
-                bar.update(k, T=f"{th['temperature']:.4g}", E=f"{th['total_energy']:.6g}")
-            set_status_or_fail(writer, "complete", path, step0 + done, last_good[0])
-    wall = time.perf_counter() - t0
-    if progress:
-        print(f"wrote {path} ({frames} frames) in {wall:.2f} s", file=sys.stderr)
-    return run_summary(
-        model="lj",
-        path=os.fspath(path),
-        engine=cfg["engine"],
-        mesh=cfg["mesh"],
-        dtype=cfg["dtype"],
-        steps=cfg["steps"],
-        frames=frames,
-        resumed_from=step0 + first if resume else None,
-        wall_s=wall,
-        rate=n * (cfg["steps"] - first) / wall if wall > 0 else float("nan"),
-        rate_unit="atom_steps/s",
-        initial=th0,
-        final=th,
-        details={
-            "n_atoms": n,
-            "energy_drift": th["total_energy"] - th0["total_energy"],
-            "regrows": sim.regrows,
-            "neighbor_builds": sim.builds if decomposed else int(sim.nbrs.n_builds),
-            "ghost_hops": list(sim.spec.hops) if decomposed else None,
-        },
-    )

@@ -1,0 +1,276 @@
+"""Grid models (heat, wave, advection, gray_scott, lbm) and grid ensembles in the driver.
+
+:func:`plan` reads the model's config (``simpar.grid.<name>.from_config``), the
+``[ensemble]`` section (``simpar.ensemble``), ``parallel.halo`` and
+``output.gather_limit_gib``; the shared options (engine, mesh, steps, ``output.every`` with
+its default of a tenth of the steps, path, checkpoint) come from
+``simpar.drive.loop.read_options``. :class:`GridRun` places the state with a grid engine
+(``simpar.parallel.engines`` / ``simpar.parallel.ensemble``) and writes a netCDF-style HDF5
+file (``simpar.io.netcdf.GridWriter``): fields ``(time, [ensemble,] z?, y, x)`` in the
+model's units, diagnostics ``(time, [ensemble])`` (float64), profiles ``(time, [ensemble,]
+y)`` and an XDMF sidecar. Ensembles cannot be resumed (``--resume`` is refused).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+
+from simpar import ensemble
+from simpar.config import Section
+from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
+from simpar.errors import ConfigError
+from simpar.grid.model import GridSetup
+from simpar.parallel import distributed
+from simpar.parallel.topology import AXIS_NAMES
+
+# state arrays per cell of each grid model (LBM: populations + the uint8 wall flag)
+_STATE_FIELDS = {"heat": 1, "wave": 2, "advection": (3, 4), "gray_scott": 2, "lbm": (9.25, 19.25)}
+
+
+def grid_setup(cfg: Section) -> GridSetup:
+    """Build a grid model's set-up from its config (module ``simpar.grid.<name>``)."""
+    name = cfg.section("model", required=True).get("name", kind=str)
+    module = importlib.import_module(f"simpar.grid.{name}")
+    return module.from_config(cfg)
+
+
+def _check_memory(cfg: Section, data: dict) -> None:
+    """Refuse a grid run that cannot fit in memory, before anything is allocated.
+
+    The estimate counts the state on the devices twice (input and output of a chunk), plus
+    halos, the host copy gathered for each output frame and the frame's transposed copy:
+    about ``4.2 x`` the state (on CPU every device shares the host's memory).
+    """
+    try:
+        g = data["grid"]
+        shape = [int(n) for n in g["shape"]]
+        itemsize = 8 if g.get("dtype", "float32") == "float64" else 4
+        fields = _STATE_FIELDS[data["model"]["name"]]
+    except (KeyError, TypeError, ValueError):
+        return  # malformed: the model's validation names the key
+    if not 2 <= len(shape) <= 3 or min(shape) < 1:
+        return
+    if isinstance(fields, tuple):
+        fields = fields[len(shape) - 2]
+    state = math.prod(shape) * itemsize * fields
+    from simpar.memory import check_fits
+
+    check_fits(
+        int(4.2 * state) + (256 << 20),
+        cfg.section("grid").key("shape"),
+        f"{fields:g} fields of {' x '.join(map(str, shape))} x {itemsize} bytes: state "
+        f"{state / 2**30:.3g} GiB, twice on the devices, plus halos and output frames",
+        "reduce grid.shape or run across more processes (--num-processes)",
+    )
+
+
+def _check_path(path, key) -> None:
+    if path.suffix in (".xdmf", ".toml"):
+        raise ConfigError(
+            key, f"{path} looks like a sidecar/config; give an HDF5 path such as run.nc or run.h5"
+        )
+
+
+class GridPlan(Plan):
+    """A validated grid run (host set-up built; nothing on the devices).
+
+    Attributes:
+      common: the shared options; setup: the model's ``GridSetup`` (members stacked on a
+        leading axis for an ensemble); ens: the ``Ensemble`` or None.
+      model, engine, mesh, dtype: for the metadata and the summary.
+      first_step: 0 (grid runs start at step 0).
+    """
+
+    first_step = 0
+
+    def __init__(self, cfg: Section, opts: Options, config_text: str):
+        data = cfg.data
+        _check_memory(cfg, data)  # before the set-up allocates the initial state
+        self.setup = setup = grid_setup(cfg)
+        self.ens = ens = ensemble.from_config(cfg, data, grid_setup)  # None without [ensemble]
+        self.common = c = read_options(
+            cfg, opts, default_path=f"data/runs/{setup.model.name}.nc", check_path=_check_path
+        )
+        o = cfg.section("output")
+        gather_limit = o.get("gather_limit_gib", 16.0, min=0.0, exclusive_min=True)
+        self.halo = cfg.section("parallel").get("halo", None, kind=int, min=1, max=16)
+        self.model, self.engine, self.dtype = setup.model.name, c.engine, setup.domain.dtype
+        self.members = ens.members if ens else 1
+        self.mesh = device_mesh(c, members=self.members)
+        self.config_text = config_text
+        if ens is not None:
+            setup.state, setup.params = ens.state, ens.params
+        self.save_checkpoints = c.checkpoint and ens is None
+        if ens is not None and c.resume:
+            raise ConfigError("--resume", "ensemble runs cannot be resumed yet; run again")
+        self.eng = self._engine()  # checks the mesh against the grid (no state placed yet)
+        self.mesh = tuple(self.eng.grid.shape)
+        distributed.check_gather_size(
+            sum(np.asarray(u).nbytes for u in setup.state.values()),
+            gather_limit,
+            o.key("gather_limit_gib"),
+        )
+
+    def _engine(self):
+        from simpar.parallel.engines import make_engine
+        from simpar.parallel.ensemble import make_ensemble_engine
+
+        s, mesh = self.setup, (None if self.engine == "single" else self.mesh)
+        if self.ens is None:
+            return make_engine(self.engine, s.model, s.domain.shape, mesh, self.halo)
+        return make_ensemble_engine(
+            self.engine, s.model, s.domain.shape, self.ens.members, mesh, self.halo
+        )
+
+    def check_resume(self, ck: dict, ck_step: int) -> int:
+        """Take the checkpoint's fields as the initial state; the run starts at step 0."""
+        self.setup.state = {k: ck[k] for k in self.setup.state}
+        return 0
+
+    def build(self, ck) -> GridRun:
+        """Place the state on the devices."""
+        return GridRun(self)
+
+
+class GridRun(Run):
+    """A grid run on its engine (see ``simpar.drive.loop.Run`` for the methods)."""
+
+    def __init__(self, plan: GridPlan):
+        self.plan, self.eng, self.setup = plan, plan.eng, plan.setup
+        self.state = self.eng.place(self.setup.state)
+        self.desc = f"{plan.model}/{plan.engine}"
+        model = self.setup.model
+        self.out_fields = self.setup.output or {f: (lambda s, f=f: s[f]) for f in model.fields}
+        self.member = ("ensemble",) if plan.ens else ()
+
+    def layout(self) -> str:
+        """Which device holds which block (``--show-layout``)."""
+        from simpar.parallel.layout import describe
+
+        return describe(self.eng)
+
+    def observe(self) -> dict:
+        return self.eng.observe(self.state, self.setup.params)
+
+    def initial_problem(self, obs) -> None:
+        self.obs0 = obs  # its keys name the diagnostics' variables in a new file
+        if np.sum(obs["nonfinite"]) > 0:
+            raise ConfigError(
+                "initial",
+                f"the initial state has {int(np.sum(obs['nonfinite']))} non-finite values; "
+                "check the [initial] settings",
+            )
+
+    def advance(self, n: int, last_good: str) -> None:
+        self.state = self.eng.advance(self.state, self.setup.params, n, donate=True)
+
+    def problem(self, obs, step):
+        bad = int(np.sum(obs["nonfinite"]))
+        if bad == 0:
+            return None
+        return (
+            f"{bad} non-finite values in the fields after step {step}",
+            "The scheme is unstable or a parameter is out of range: reduce time.dt or "
+            "check [physics]",
+        )
+
+    def snapshot(self):
+        return self.eng.gather(self.state)
+
+    def checkpoint_state(self, snap, step) -> dict:
+        return snap
+
+    def open_writer(self, path, *, resume_step, overwrite, key):
+        from simpar.io.meta import run_metadata
+        from simpar.io.netcdf import GridWriter
+
+        if resume_step is not None:
+            return GridWriter.open_existing(path, step=resume_step, xdmf_min_interval=2.0)
+        p, setup, model = self.plan, self.setup, self.setup.model
+        domain, ens = setup.domain, p.ens
+        names = AXIS_NAMES[: domain.ndim]
+        obs = self.obs0
+        step_coord = {"coordinates": "step"}  # CF: xarray shows step as a coordinate of time
+        variables = {}
+        for f in self.out_fields:
+            variables[f] = {
+                "dims": ("time", *self.member) + tuple(reversed(names)),
+                "dtype": domain.dtype,
+                "units": model.units.get(f, "1"),
+                "long_name": model.long_names.get(f, f),
+                "attrs": step_coord,
+            }
+        for k, v in obs.items():
+            if k == "nonfinite":
+                continue
+            units, long_name = model.diagnostic_attrs(k)
+            if np.ndim(v) == 1 + len(self.member):
+                long_name = (
+                    f"{model.long_names.get(k[:-8], k[:-8])} averaged over {', '.join(names[:-1])}"
+                )
+                dims = ("time", *self.member, names[-1])
+            else:
+                dims = ("time", *self.member)
+            variables[k] = {
+                "dims": dims, "dtype": "float64", "units": units, "long_name": long_name,
+                "attrs": step_coord,
+            }  # fmt: skip
+        attrs = run_metadata(
+            p.config_text, engine=p.engine, mesh=self.eng.grid.shape, dtype=domain.dtype,
+            seed=None if ens else setup.seed, model=model.name,
+        )  # fmt: skip
+        if ens:
+            attrs.update(ens.attrs())
+        attrs.update(
+            {
+                "halo_width": np.int32(self.eng.halo),
+                "dt": float(setup.dt),
+                "grid_shape": np.asarray(domain.shape, np.int32),
+                "grid_length": np.asarray(domain.length, np.float64),
+            }
+        )
+        coords = {n: c for n, c in zip(reversed(names), reversed(domain.coords()), strict=True)}
+        # the XDMF sidecar is rewritten whole: at most every 2 s, and always at close
+        return GridWriter(
+            path, coords=coords, variables=variables, attrs=attrs, overwrite=overwrite,
+            xdmf_min_interval=2.0, time_units=model.time_units,
+            length_units=model.length_units, key=key, ensemble=ens.members if ens else None,
+        )  # fmt: skip
+
+    def write_frame(self, writer, step, snap, obs) -> None:
+        fns, ens = self.out_fields, self.plan.ens
+        if ens:
+            split = [{k: v[m] for k, v in snap.items()} for m in range(ens.members)]
+            values = {f: np.stack([np.transpose(fn(s)) for s in split]) for f, fn in fns.items()}
+        else:
+            values = {f: np.transpose(fn(snap)) for f, fn in fns.items()}
+        values.update({k: v for k, v in obs.items() if k != "nonfinite"})
+        writer.append(step * self.setup.dt, step, values)
+
+    def summary(self, obs0, obs, steps_run, wall) -> dict:
+        p, n = self.plan, len(self.member)
+        cells = math.prod(self.setup.domain.shape) * p.members
+        scalars = lambda o: {k: v for k, v in o.items() if np.ndim(v) == n}  # noqa: E731
+        return dict(
+            rate=cells * steps_run / wall / 1e6 if wall > 0 else float("nan"),
+            rate_unit="Mcell_updates/s",
+            initial=scalars(obs0),
+            final=scalars(obs),
+            details={
+                "cells": cells,
+                "dt": float(self.setup.dt),
+                "ensemble_members": p.ens.members if p.ens else None,
+            },
+        )
+
+
+def plan(cfg: Section, opts: Options, config_text: str) -> GridPlan:
+    """Read and validate a grid config (``ConfigError`` names the key); nothing allocated
+    on the devices."""
+    return GridPlan(cfg, opts, config_text)
+
+
+__all__ = ["GridPlan", "GridRun", "grid_setup", "plan"]

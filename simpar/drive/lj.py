@@ -1,0 +1,279 @@
+"""LJ / Morse molecular dynamics in the driver (``[model] name = "lj"``).
+
+The LJ keys are read by ``simpar.particles.run.read_config`` (its module docstring lists
+them); the shared options (engine, mesh, steps, ``output.every`` with its default of a tenth
+of the steps, path, checkpoint) by ``simpar.drive.loop.read_options``. Engines: ``single``
+and ``sharded`` (a 1-D particle mesh) run ``simpar.particles.md``; ``pmap`` and
+``shard_map`` cut a periodic box into sub-boxes (``simpar.parallel.domain``). The output is
+H5MD 1.1 (positions, velocities, optionally forces, the box, thermo observables and the
+Langevin RNG key at every frame; units: reduced LJ units sigma, epsilon, m).
+
+:func:`_simulation` is the one place that touches the simulation objects (creation,
+``advance``, ``thermo``, the global snapshot in atom-id order, the counters and the
+checkpoint arrays), so a change of their interface is a one-place edit here.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simpar.config import Section
+from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
+from simpar.errors import ConfigError, SimulationError
+from simpar.io.meta import run_metadata
+from simpar.parallel import distributed
+from simpar.particles import observables, potentials, space
+from simpar.particles import run as lj_config
+
+DOMAIN_ENGINES = lj_config.DOMAIN_ENGINES
+
+
+def _simulation(plan: LJPlan, ck: dict | None) -> SimpleNamespace:
+    """Build the simulation and return the calls the driver makes on it.
+
+    Args:
+      plan: the validated plan (positions ``(cap, 3)`` padded to a multiple of the devices).
+      ck: checkpoint arrays to continue from, or None.
+
+    Returns:
+      ``advance(k)``, ``thermo() -> dict``, ``snapshot() -> dict`` (global host arrays in
+      atom-id order: ``position``, ``velocity``, ``force`` ``(n, 3)``, ``key``, ``step``; a
+      collective across processes), ``step()``, ``counters() -> (regrows, builds, hops)``
+      and ``checkpoint(g) -> dict``.
+    """
+    from simpar.parallel import domain
+    from simpar.parallel.particles import shard_particles
+    from simpar.particles import checkpoint as pck
+    from simpar.particles import md
+
+    cfg, n, cap, engine = plan.cfg, plan.n, plan.cap, plan.engine
+    host = distributed.to_host  # a collective in multi-process runs: every process calls it
+    layout = pck.layout_name(engine, plan.mesh, cap)
+    common = dict(dt=cfg["dt"], ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"])
+    build = dict(skin=cfg["skin"], step=plan.step0, max_neighbors=cfg["max_neighbors"],
+                 capacity_factor=cfg["capacity_factor"], mass=cfg["mass"], key=plan.key)  # fmt: skip
+    placement = None
+    if engine == "sharded":
+        placement = lambda tree: shard_particles(tree, plan.mesh[0], cap)  # noqa: E731
+    if plan.decomposed:
+        restore = None if ck is None else pck.lj_global_arrays(ck)
+        sim = domain.make_domain_simulation(
+            engine, plan.mesh, plan.space, plan.pot, plan.r, plan.v, restore=restore,
+            **common, **build,
+        )  # fmt: skip
+    elif ck is not None:
+        sim = pck.lj_sim_from_checkpoint(
+            ck, plan.space, plan.pot, capacity=cap, layout=layout,
+            capacity_factor=cfg["capacity_factor"], placement=placement, **common,
+        )  # fmt: skip
+    else:
+        sim = md.make_simulation(
+            plan.space, plan.pot, plan.r, plan.v, valid=np.arange(cap) < n,
+            placement=placement, **common, **build,
+        )  # fmt: skip
+
+    def snapshot():
+        if plan.decomposed:
+            return sim.global_state()  # checks the count and ids: "lost atoms" otherwise
+        s = sim.state
+        return {"position": host(s.position)[:n], "velocity": host(s.velocity)[:n],
+                "force": host(s.force)[:n], "key": host(s.key), "step": int(s.step)}  # fmt: skip
+
+    def checkpoint(g):
+        if plan.decomposed:
+            return pck.domain_state_to_checkpoint(sim, g, layout, plan.step0)
+        return pck.lj_state_to_checkpoint(sim, n, layout, plan.step0, host)
+
+    def counters():
+        if plan.decomposed:
+            return sim.regrows, sim.builds, list(sim.spec.hops)
+        return sim.regrows, int(sim.nbrs.n_builds), None
+
+    return SimpleNamespace(
+        advance=sim.advance,
+        thermo=sim.thermo,
+        snapshot=snapshot,
+        step=lambda: sim.current_step() if plan.decomposed else int(sim.state.step),
+        counters=counters,
+        checkpoint=checkpoint,
+    )
+
+
+class LJPlan(Plan):
+    """A validated LJ run: settings, the initial host arrays, engine and mesh.
+
+    Attributes:
+      common: the shared options; cfg: the LJ settings (``read_config``).
+      model, engine, mesh, dtype: for the metadata and the summary.
+      n: atoms; cap: buffer capacity (n rounded up to the devices of a sharded run).
+      r, v: initial positions and velocities ``(cap, 3)`` (host, ``dtype``); box ``(3,)``.
+      first_step: the run's first step (``step0``; an H5MD start may be later than 0).
+    """
+
+    model = "lj"
+
+    def __init__(self, root: Section, opts: Options, config_text: str):
+        cfg = self.cfg = lj_config.read_config(root)
+        c = self.common = read_options(
+            root, opts, default_path=f"data/runs/{cfg['name']}.h5md",
+            check_path=lj_config.check_path,
+        )  # fmt: skip
+        self.config_text, self.engine, self.dtype = config_text, c.engine, cfg["dtype"]
+        self.save_checkpoints = c.checkpoint
+        self.decomposed = c.engine in DOMAIN_ENGINES
+        if distributed.process_count() > 1 and c.engine == "single":
+            raise ConfigError(
+                "--engine",
+                "engine 'single' runs in one process; across processes MD runs on 'pmap', "
+                "'shard_map' or 'sharded'",
+            )
+        if c.engine == "sharded" and c.mesh is not None and len(c.mesh) != 1:
+            raise ConfigError(c.mesh_key, f"LJ uses a 1-D particle mesh, got {c.mesh}")
+        self.mesh = device_mesh(c)
+        lj_config.check_memory(cfg)
+        r, v, box, self.step0, key = lj_config.initial_state(cfg)
+        lj_config.check_geometry(cfg, box)
+        if self.decomposed:
+            if cfg["boundary"] != "periodic":
+                raise ConfigError(
+                    "system.boundary",
+                    f"engine {c.engine!r} cuts a periodic box into sub-boxes; free space "
+                    "runs on 'single' or 'sharded'",
+                )
+            from simpar.parallel import domain
+
+            domain.check_mesh(self.mesh, box, cfg["cutoff"] + cfg["skin"], cfg["skin"])
+        self.first_step = self.step0
+        dtype = jnp.dtype(cfg["dtype"])
+        self.n = n = r.shape[0]
+        ndev = 1 if self.decomposed else self.mesh[0]
+        self.cap = cap = -(-n // ndev) * ndev
+        pad = lambda x: np.concatenate([x, np.zeros((cap - n,) + x.shape[1:], x.dtype)])  # noqa: E731
+        self.r, self.v, self.box = pad(r), pad(v), box
+        self.space = (space.periodic if cfg["boundary"] == "periodic" else space.free)(box, dtype)
+        if cfg["kind"] == "lj":
+            self.pot = potentials.lennard_jones(
+                cfg["epsilon"], cfg["sigma"], cfg["cutoff"], cfg["shift"], dtype
+            )
+        else:
+            self.pot = potentials.morse(
+                cfg["epsilon"], cfg["alpha"], cfg["sigma"], cfg["cutoff"], cfg["shift"], dtype
+            )
+        self.key = key if key is not None else jax.random.PRNGKey(cfg["noise_seed"])
+
+    def check_resume(self, ck: dict, ck_step: int) -> int:
+        """The run's first step from the checkpoint; refuses another number of atoms."""
+        self.step0 = self.first_step = int(ck.get("start_step", self.step0))
+        if ck.get("position", self.r[: self.n]).shape != (self.n, 3):
+            raise ConfigError("--resume", "the checkpoint holds another number of atoms")
+        return self.first_step
+
+    def build(self, ck) -> LJRun:
+        """Build the simulation (neighbour lists, first compilation)."""
+        return LJRun(self, ck)
+
+
+class LJRun(Run):
+    """An LJ run (see ``simpar.drive.loop.Run`` for the methods)."""
+
+    def __init__(self, plan: LJPlan, ck):
+        self.plan, self.cfg = plan, plan.cfg
+        self.sim = _simulation(plan, ck)
+        self.desc = self.cfg["name"]
+        self._snap = None
+
+    def observe(self) -> dict:
+        self._snap = None
+        return self.sim.thermo()
+
+    def initial_problem(self, th) -> None:
+        if not all(math.isfinite(x) for x in th.values()):
+            raise SimulationError(self.plan.step0, "non-finite energy in the initial state",
+                                  "check system.* (overlapping atoms?)")  # fmt: skip
+
+    def advance(self, k: int, last_good: str) -> None:
+        try:
+            self.sim.advance(k)
+        except RuntimeError as err:
+            raise SimulationError(
+                self.sim.step(),
+                f"neighbour list overflow could not be repaired ({err})",
+                "raise neighbors.max_neighbors or check for collapsing particles",
+                last_good,
+            ) from None
+
+    def snapshot(self) -> dict:
+        if self._snap is None:
+            self._snap = self.sim.snapshot()
+        return self._snap
+
+    def problem(self, th, step):
+        why = lj_config.blown_up(self.snapshot(), th, self.cfg["dt"])
+        return (why, "reduce time.dt (or check the potential and initial state)") if why else None
+
+    def postfix(self, th) -> dict:
+        return {"T": f"{th['temperature']:.4g}", "E": f"{th['total_energy']:.6g}"}
+
+    def at_frame(self, step, th, first) -> str:
+        return observables.format_thermo(step, th, header=first)
+
+    def checkpoint_state(self, g, step) -> dict:
+        return self.sim.checkpoint(g)
+
+    def open_writer(self, path, *, resume_step, overwrite, key):
+        from simpar.io import h5md
+
+        if resume_step is not None:
+            return h5md.H5MDWriter.open_existing(path, step=resume_step)
+        p, cfg = self.plan, self.cfg
+        seed = cfg.get("seed") if cfg["init"] == "lattice" else None
+        attrs = run_metadata(
+            p.config_text, engine=p.engine, mesh=p.mesh, dtype=cfg["dtype"],
+            seed=seed if cfg["ensemble"] == "nve" else cfg["noise_seed"], model="lj",
+        )  # fmt: skip
+        attrs.update(dt=cfg["dt"], ensemble=cfg["ensemble"], potential=cfg["kind"],
+                     cutoff=cfg["cutoff"], skin=cfg["skin"], n_atoms=np.int64(p.n),
+                     velocity_seed=np.int64(-1 if seed is None else seed),
+                     noise_seed=np.int64(cfg["noise_seed"]))  # fmt: skip
+        return h5md.H5MDWriter(
+            path, p.n, boundary=[cfg["boundary"]] * 3, dtype=cfg["dtype"],
+            velocity=cfg["write_velocity"], force=cfg["write_force"],
+            observables=observables.NAMES, rng_key=True, mass=np.full(p.n, cfg["mass"]),
+            attrs=attrs, overwrite=overwrite, key=key,
+        )  # fmt: skip
+
+    def write_frame(self, writer, step, g, th) -> None:
+        cfg = self.cfg
+        writer.append(
+            step, float(step) * cfg["dt"], g["position"], box=np.asarray(self.plan.box),
+            velocity=g["velocity"] if cfg["write_velocity"] else None,
+            force=g["force"] if cfg["write_force"] else None, observables=th, rng_key=g["key"],
+        )  # fmt: skip
+
+    def summary(self, th0, th, steps_run, wall) -> dict:
+        n = self.plan.n
+        regrows, builds, hops = self.sim.counters()
+        return dict(
+            rate=n * steps_run / wall if wall > 0 else float("nan"),
+            rate_unit="atom_steps/s",
+            initial=th0,
+            final=th,
+            details={
+                "n_atoms": n,
+                "energy_drift": th["total_energy"] - th0["total_energy"],
+                "regrows": regrows,
+                "neighbor_builds": builds,
+                "ghost_hops": hops,
+            },
+        )
+
+
+def plan(cfg: Section, opts: Options, config_text: str) -> LJPlan:
+    """Read and validate an LJ config (``ConfigError`` names the key); nothing on the
+    devices."""
+    return LJPlan(cfg, opts, config_text)

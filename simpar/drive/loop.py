@@ -1,0 +1,459 @@
+"""The chunk loop every model runs through: options -> plan -> writer -> chunks -> summary.
+
+:func:`drive` is what ``simpar run`` (and ``simpar.run.run_config``) calls. It
+
+1. resolves the options shared by every model ONCE (:func:`read_options`): engine
+   (``--engine`` / ``parallel.engine``), the requested mesh (``--mesh`` / ``parallel.mesh``),
+   steps (``--steps`` / ``time.steps``), the output cadence (``output.every``), the output
+   path (``--out`` / ``output.path``), ``output.checkpoint``, ``--resume`` and ``--overwrite``;
+2. asks the model's adapter for a *plan* (the rest of the config, validated; nothing on the
+   devices; ``ConfigError`` names the key) whose mesh comes from :func:`device_mesh`, the one
+   default-mesh rule;
+3. checks ``--resume`` against the checkpoint (or refuses an existing output without
+   ``--overwrite``), builds the adapter's *run* (state on the devices), and only then, once
+   every process has validated (barrier), lets process 0 open the writer;
+4. advances in chunks that end at every frame step or after about 2 s of measured step
+   time (:class:`ChunkClock`), checks the run's problems between chunks
+   (a ``SimulationError`` with the step, the reason, the setting to change and the last good
+   output), writes frames and checkpoints, honours SIGINT/SIGTERM at chunk boundaries, shows
+   progress, sets ``run_status`` one way (``running`` -> ``complete`` | ``failed: <reason>``)
+   and returns one summary (``simpar.io.meta.run_summary``).
+
+Frame cadence (every model, also after ``--resume``): frames at the run's first step and at
+that step + multiples of ``output.every``, plus the last step. ``output.every`` defaults to a
+tenth of the steps (at least 1); set it explicitly to resume with more steps on the same
+cadence. ``summary["frames"]`` counts the frames in the output file.
+
+Adapters (``simpar.drive.grid``, ``.lj``, ``.nbody``) provide ``plan(cfg, opts, config_text)``
+returning a :class:`Plan` subclass, whose ``build`` returns a :class:`Run` subclass.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simpar import config as cfgmod
+from simpar import signals
+from simpar.config import Section
+from simpar.errors import ConfigError, SimulationError
+from simpar.io import checkpoint
+from simpar.io.files import check_output_path, status_on_exit, write_error
+from simpar.io.meta import run_summary
+from simpar.parallel import distributed
+from simpar.parallel.blocks import ENGINES, check_engine, default_mesh, require_devices
+from simpar.progress import Progress
+
+KILL_ENV = "SIMPAR_TEST_KILL_AFTER_FRAME"
+"""Test hook: ``SIGKILL`` this process once the output holds this many frames (and the
+checkpoint of the last one is written); a deterministic crash for the resume tests."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the command line (or a Python caller) asks for; None: the config decides.
+
+    Attributes:
+      engine, mesh, steps, out: ``--engine``, ``--mesh``, ``--steps``, ``--out``.
+      devices: ``--devices`` (devices this process uses; None: every device JAX sees).
+      overwrite, progress, resume, show_layout: the flags of ``simpar run``.
+    """
+
+    engine: str | None = None
+    mesh: tuple[int, ...] | None = None
+    steps: int | None = None
+    out: str | None = None
+    devices: int | None = None
+    overwrite: bool = False
+    progress: bool = True
+    resume: bool = False
+    show_layout: bool = False
+
+
+@dataclass(frozen=True)
+class Common:
+    """The options every model shares, resolved once (:func:`read_options`).
+
+    Attributes:
+      engine: one of ``simpar.parallel.blocks.ENGINES``; engine_key: where it came from.
+      engine_from_cli: ``--engine`` was given.
+      mesh: the requested device grid (``--mesh`` over ``parallel.mesh``) or None;
+        mesh_key: where it came from: ``"--mesh"``, ``"parallel.mesh"`` or ``"--devices"``
+        (``--engine`` with ``--devices``: every device, the config's mesh is not used).
+      n_devices: devices the default mesh spans (``--devices`` on one process, else all).
+      steps: steps after the run's first step (``--steps`` over ``time.steps``).
+      every: steps between frames (``output.every``, default ``max(steps // 10, 1)``).
+      path, path_key: the output file and the key it came from.
+      checkpoint: write ``<path>.ckpt`` with each frame (``output.checkpoint``).
+      resume, overwrite, progress, show_layout: as in :class:`Options`.
+    """
+
+    engine: str
+    engine_key: str
+    engine_from_cli: bool
+    mesh: tuple[int, ...] | None
+    mesh_key: str
+    n_devices: int
+    steps: int
+    every: int
+    path: Path
+    path_key: str
+    checkpoint: bool
+    resume: bool
+    overwrite: bool
+    progress: bool
+    show_layout: bool
+
+
+class Run:
+    """A model's state on the devices, as the loop drives it (built by ``Plan.build``).
+
+    Adapters subclass it; ``layout``, ``postfix`` and ``at_frame`` have defaults.
+    """
+
+    desc: str = "simpar"  # progress label
+
+    def layout(self) -> str:
+        """Which device holds which block (``--show-layout``; grid models)."""
+        raise ConfigError("--show-layout", "grid models only")
+
+    def postfix(self, obs: dict) -> dict:
+        """Values shown next to the progress bar (e.g. ``T=1.44``)."""
+        return {}
+
+    def at_frame(self, step: int, obs: dict, first: bool) -> str | None:
+        """Called at every frame (every process); returns a line to print with it or None
+        (LJ: a thermo row, ``first``: with its header)."""
+        return None
+
+    def initial_problem(self, obs: dict) -> None:
+        """Raise ``ConfigError``/``SimulationError`` when the initial state cannot run."""
+        raise NotImplementedError
+
+    def advance(self, n: int, last_good: str) -> None:
+        """Advance ``n`` steps (``SimulationError`` naming ``last_good`` if impossible)."""
+        raise NotImplementedError
+
+    def observe(self) -> dict:
+        """Diagnostics of the current state (host values; waits for the last chunk)."""
+        raise NotImplementedError
+
+    def problem(self, obs: dict, step: int) -> tuple[str, str] | None:
+        """``(reason, setting to change)`` when the run cannot go on at ``step``, else None."""
+        raise NotImplementedError
+
+    def snapshot(self) -> Any:
+        """The frame's host data (a collective in multi-process runs: every process calls)."""
+        raise NotImplementedError
+
+    def open_writer(self, path: Path, *, resume_step: int | None, overwrite: bool, key: str):
+        """The output writer (process 0): a new file, or the old one cut at ``resume_step``."""
+        raise NotImplementedError
+
+    def write_frame(self, writer, step: int, snap, obs: dict) -> None:
+        """Append one frame (process 0)."""
+        raise NotImplementedError
+
+    def checkpoint_state(self, snap, step: int) -> dict:
+        """The checkpoint arrays of a frame (every process calls; process 0 saves)."""
+        raise NotImplementedError
+
+    def summary(self, obs0: dict, obs: dict, steps_run: int, wall: float) -> dict:
+        """``initial``, ``final``, ``rate``, ``rate_unit`` and ``details`` of the summary."""
+        raise NotImplementedError
+
+
+class Plan:
+    """A validated model set-up (nothing on the devices yet); adapters subclass it.
+
+    Attributes:
+      common: the shared options (:func:`read_options`).
+      model, engine, mesh, dtype: for the metadata and the summary.
+      first_step: the run's first step (set by ``check_resume`` when resuming).
+      save_checkpoints: write ``<path>.ckpt`` with each frame.
+    """
+
+    common: Common
+    model: str
+    engine: str
+    mesh: tuple[int, ...]
+    dtype: str
+    first_step: int = 0
+    save_checkpoints: bool = True
+
+    def check_resume(self, ck: dict, ck_step: int) -> int:
+        """Check a checkpoint against the plan; returns the run's first step."""
+        return self.first_step
+
+    def build(self, ck: dict | None) -> Run:
+        """Allocate the state (from the checkpoint ``ck`` when resuming) and compile."""
+        raise NotImplementedError
+
+
+def read_options(cfg: Section, opts: Options, *, default_path: str, check_path=None) -> Common:
+    """Resolve the options every model shares (the only place they are read).
+
+    Args:
+      cfg: the whole config; ``time.steps``, ``output.every``, ``output.path``,
+        ``output.checkpoint``, ``parallel.engine`` and ``parallel.mesh`` are read here.
+      opts: the command-line options.
+      default_path: ``output.path`` when absent.
+      check_path: ``(path, key) -> None``, the model's own rule for the output name
+        (e.g. ``.h5md`` for particle runs); raises ``ConfigError``.
+
+    The requested mesh: ``--mesh``; else, when ``--engine`` (not ``single``) is given with
+    ``--devices`` or across processes, none (every device: the command line beats the
+    config's mesh or device count); else ``parallel.mesh``.
+
+    Raises:
+      ConfigError: a bad value, naming the option or key.
+    """
+    import jax
+
+    steps = opts.steps
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+        raise ConfigError("--steps", f"must be an integer >= 0, got {steps!r}")
+    t = cfg.section("time")
+    cfg_steps = t.get("steps", None if steps is not None else cfgmod.REQUIRED, kind=int, min=0)
+    steps = steps if steps is not None else cfg_steps
+    o = cfg.section("output")
+    every = o.get("every", max(steps // 10, 1), kind=int, min=1)
+    path_key = "--out" if opts.out is not None else "output.path"
+    cfg_path = o.get("path", default_path, kind=str)
+    path = check_output_path(opts.out if opts.out is not None else cfg_path, path_key)
+    if check_path is not None:
+        check_path(path, path_key)
+    save = o.get("checkpoint", True, kind=bool)
+    par = cfg.section("parallel")
+    cfg_engine = par.get("engine", "single", kind=str)
+    if cfg_engine not in ENGINES:
+        raise ConfigError(
+            par.key("engine"), f"unknown engine {cfg_engine!r}; supported: {', '.join(ENGINES)}"
+        )
+    engine = check_engine(opts.engine, "--engine") if opts.engine else cfg_engine
+    cfg_mesh = par.get("mesh", None, kind=int, length=(1, 2, 3), min=1)
+    multi = distributed.process_count() > 1
+    if opts.mesh is not None:
+        mesh, mesh_key = tuple(int(m) for m in opts.mesh), "--mesh"
+    elif opts.engine not in (None, "single") and (opts.devices is not None or multi):
+        mesh, mesh_key = None, "--devices"  # the command line's devices, not the config's mesh
+    else:
+        mesh, mesh_key = (tuple(cfg_mesh) if cfg_mesh else None), "parallel.mesh"
+    n_devices = len(jax.devices())
+    if opts.devices is not None and not multi:  # --devices: the default mesh spans these
+        n_devices = min(opts.devices, n_devices)
+    return Common(
+        engine=engine,
+        engine_key="--engine" if opts.engine else "parallel.engine",
+        engine_from_cli=bool(opts.engine),
+        mesh=mesh,
+        mesh_key=mesh_key,
+        n_devices=n_devices,
+        steps=steps,
+        every=every,
+        path=path,
+        path_key=path_key,
+        checkpoint=save,
+        resume=opts.resume,
+        overwrite=opts.overwrite,
+        progress=opts.progress,
+        show_layout=opts.show_layout,
+    )
+
+
+def device_mesh(
+    common: Common, *, members: int = 1, mesh=None, key: str | None = None
+) -> tuple[int, ...]:
+    """The device grid of a run: the one default-mesh rule and device check.
+
+    Args:
+      common: the resolved options (engine, requested mesh, device count).
+      members: ensemble members sharing the devices (the mesh is one member's).
+      mesh, key: a model's own reading of the requested mesh and the key to blame
+        (default: ``common.mesh`` and ``common.mesh_key``).
+
+    Returns:
+      ``(1,)`` for ``single``; else the requested mesh or every device along the first axis
+      (``simpar.parallel.blocks.default_mesh``), checked against the devices.
+    """
+    mesh = common.mesh if mesh is None else mesh
+    key = common.mesh_key if key is None else key
+    out = default_mesh(common.engine, mesh, common.n_devices, members)
+    if common.engine != "single":
+        require_devices(out, common.n_devices, key, members)
+    return out
+
+
+class ChunkClock:
+    """Chunk sizes bounded in wall time, so signals are honoured within seconds.
+
+    A chunk ends at the next frame step or after about ``target`` seconds of measured step
+    time, whichever comes first. Chunks that stop short of a frame are powers of two (each
+    new size compiles a new chunk program, so few sizes are used, and the first chunk of a
+    size, which compiles, is not taken as a measure); a run whose frames are at most ``probe``
+    steps apart, or fast enough, keeps one chunk per frame. Results do not depend on where
+    chunks end (every step runs the same arithmetic).
+
+    Args:
+      target: wall seconds a chunk should take at most (s); the first chunk of a new size
+        also compiles, so it may take longer.
+      probe: steps of a chunk at most before a step time has been measured.
+      fixed: one chunk per frame (multi-process runs: every process must run the same chunk
+        sizes, and each would measure its own time).
+    """
+
+    def __init__(self, target: float = 2.0, probe: int = 128, fixed: bool = False):
+        self.target, self.limit, self.fixed = target, probe, fixed
+        self.compiled: set[int] = set()
+        self.step_s: float | None = None  # seconds per step (s), measured
+
+    def size(self, to_frame: int) -> int:
+        """Steps of the next chunk, given the steps left to the next frame."""
+        return to_frame if self.fixed else min(to_frame, self.limit)
+
+    def record(self, k: int, seconds: float) -> None:
+        """Take the wall time (s) of a chunk of ``k`` steps into account."""
+        first_use = k not in self.compiled
+        self.compiled.add(k)
+        if first_use:
+            return  # includes its compilation: not a measure of the step time
+        self.step_s = max(seconds, 1e-9) / k
+        steps = self.target / self.step_s
+        self.limit = 1 << max(math.floor(math.log2(steps)), 0) if steps >= 1 else 1
+
+
+CHUNK_SECONDS = 2.0  # wall time of a chunk at most (about; ChunkClock)
+PROBE_STEPS = 128  # steps of a chunk at most until the step time is measured
+
+
+def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
+    """Run one experiment through ``adapter`` (a module with ``plan``); returns the summary.
+
+    Raises:
+      ConfigError: invalid input (no output file is created).
+      SimulationError: the run failed (the output keeps every frame written before).
+      simpar.signals.Interrupted: SIGINT/SIGTERM (``run_status = "failed: <reason>"``).
+    """
+    cfg = Section(data)
+    plan = adapter.plan(cfg, opts, config_text)  # reads every key of its own
+    cfg.check_unused()
+    c: Common = plan.common
+    ck, start = None, 0
+    if c.resume:
+        ck, ck_step = checkpoint.load_for_resume(c.path, config_text, plan.model)
+        first = plan.check_resume(ck, ck_step)
+        if ck_step >= first + c.steps:
+            raise ConfigError(
+                "--steps", f"the checkpoint is at step {ck_step}; ask for more steps to resume"
+            )
+        start = ck_step - first
+    elif c.path.exists() and not c.overwrite:
+        raise ConfigError(
+            "--out",
+            f"output file {c.path} exists; pass --overwrite to replace it or choose another --out",
+        )
+    signals.check()  # stopped during set-up: no output is created
+    run = plan.build(ck)
+    first = plan.first_step
+    obs0 = obs = run.observe()
+    run.initial_problem(obs0)
+    main = distributed.is_main()
+    if c.show_layout and main:
+        print(run.layout(), flush=True)
+    distributed.barrier("simpar: input validated")  # every process checked before 0 writes
+    signals.check()  # the first compilation is over: still no output
+
+    path, done = c.path, start
+    t0 = time.perf_counter()
+    if not main:
+        writer = distributed.NoWriter()
+    else:
+        writer = run.open_writer(
+            path, resume_step=first + start if c.resume else None, overwrite=c.overwrite,
+            key=c.path_key,
+        )  # fmt: skip
+    frames = int(getattr(writer, "frames", 0) or getattr(writer, "n_frames", 0) or 0)
+    last_good = f"{path} (frames up to step {first + start})" if c.resume else None
+    last_good = last_good or f"{path} (no frame written)"
+    kill_after = int(os.environ.get(KILL_ENV, "0") or 0)
+
+    with status_on_exit(writer):
+        with (
+            signals.deferred() as stop,
+            Progress(c.steps, enabled=c.progress and main, desc=run.desc) as bar,
+        ):
+
+            def frame(step, obs):
+                nonlocal frames, last_good
+                frames += 1
+                snap = run.snapshot()  # every process: a collective across processes
+                line = run.at_frame(step, obs, frames == 1)
+                if line:
+                    bar.write(line)
+                if main:
+                    try:
+                        run.write_frame(writer, step, snap, obs)
+                    except (OSError, RuntimeError) as err:  # disk full (h5py: RuntimeError)
+                        raise write_error(err, path, step, last_good) from None
+                last_good = f"{path} (frames up to step {step})"
+                if plan.save_checkpoints:  # after the frame: a kill in between drops that frame
+                    state = run.checkpoint_state(snap, step)
+                    if main:
+                        try:
+                            checkpoint.save(
+                                checkpoint.checkpoint_path(path), state, step, config_text,
+                                plan.model,
+                            )  # fmt: skip
+                        except (OSError, RuntimeError) as err:
+                            raise write_error(err, path, step, last_good) from None
+                if kill_after and frames >= kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            writer.set_status("running")
+            if not c.resume:
+                frame(first, obs0)
+            bar.update(done)
+            clock = ChunkClock(CHUNK_SECONDS, PROBE_STEPS, fixed=distributed.process_count() > 1)
+            while done < c.steps:
+                stop.check()  # SIGINT/SIGTERM: stop here, after the last chunk
+                to_frame = min(c.every - done % c.every, c.steps - done)
+                k = clock.size(to_frame)
+                t = time.perf_counter()
+                run.advance(k, last_good)
+                done += k
+                obs = run.observe()  # waits for the chunk: its wall time is measured
+                clock.record(k, time.perf_counter() - t)
+                problem = run.problem(obs, first + done)
+                if problem:
+                    raise SimulationError(first + done, problem[0], problem[1], last_good)
+                if k == to_frame:
+                    frame(first + done, obs)
+                bar.update(k, **run.postfix(obs))
+            if main:
+                try:
+                    if hasattr(writer, "flush"):
+                        writer.flush()  # grid: writes the sidecar; a full disk fails here
+                    writer.set_status("complete")
+                except (OSError, RuntimeError) as err:
+                    raise write_error(err, path, first + done, last_good) from None
+    wall = time.perf_counter() - t0
+    if c.progress and main:
+        print(f"wrote {path} ({frames} frames) in {wall:.2f} s", file=sys.stderr)
+    return run_summary(
+        model=plan.model,
+        path=os.fspath(path),
+        engine=plan.engine,
+        mesh=plan.mesh,
+        dtype=plan.dtype,
+        steps=c.steps,
+        frames=frames,
+        resumed_from=first + start if c.resume else None,
+        wall_s=wall,
+        **run.summary(obs0, obs, c.steps - start, wall),
+    )

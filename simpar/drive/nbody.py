@@ -1,0 +1,238 @@
+"""Gravitational N-body in the driver (``[model] name = "nbody"``).
+
+Builds a Plummer sphere and runs it with kick-drift-kick leapfrog on one of the four engines
+of ``simpar.parallel.ring`` (one dispatch per chunk, state kept on the devices); NaN/inf are
+checked between chunks; the output is H5MD 1.1 (``simpar.particles.nbody_run.open_output``:
+positions, velocities, masses and the observables at every frame, N-body units).
+
+Config keys (defaults in brackets; ``time.steps``, ``output.*`` and ``parallel.engine`` /
+``parallel.mesh`` are read by ``simpar.drive.loop.read_options``)::
+
+    [model]     name = "nbody"
+    [particles] n (>= 2), seed [0], dtype ["float64"] ("float32" | "float64")
+    [time]      dt (> 0), steps (>= 0)
+    [physics]   softening [0.0] (>= 0), G [1.0] (> 0)
+    [output]    every [a tenth of the steps, at least 1], path ["data/runs/nbody.h5md"]
+                (must end in .h5md), checkpoint [true] (<path>.ckpt with each frame)
+    [parallel]  engine ["single"], devices [1 for single, else all devices]
+                (or mesh = [n], as in other simpar configs; the ring is 1-D)
+
+Restart: the checkpoint holds positions, velocities, accelerations, masses, the step and the
+initial energy; ``--resume`` continues bit for bit on the same engine and device count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simpar import precision
+from simpar.config import Section
+from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
+from simpar.errors import ConfigError, SimulationError
+from simpar.memory import check_fits
+from simpar.particles import nbody_run as io
+
+
+def _check_path(path, key) -> None:
+    if path.suffix != ".h5md":
+        raise ConfigError(
+            key, f"must end in .h5md (MDAnalysis recognises H5MD by it), got {str(path)!r}"
+        )
+
+
+class NBodyPlan(Plan):
+    """A validated N-body run (nothing allocated).
+
+    Attributes:
+      common: the shared options; n: bodies; seed; dt, G, eps: time step, gravitational
+        constant and softening (N-body units); model, engine, mesh ``(devices,)``, dtype.
+    """
+
+    model = "nbody"
+    first_step = 0
+
+    def __init__(self, cfg: Section, opts: Options, config_text: str):
+        cfg.section("model", required=True).get("name", kind=str, choices=("nbody",))
+        part = cfg.section("particles", required=True)
+        self.n = n = part.get("n", kind=int, min=2)
+        self.seed = part.get("seed", 0, kind=int, min=0)
+        self.dtype = part.get("dtype", "float64", kind=str, choices=("float32", "float64"))
+        precision.require(self.dtype, part.key("dtype"))
+        self.dt = cfg.section("time", required=True).get("dt", kind=float, min=0.0,
+                                                         exclusive_min=True)  # fmt: skip
+        phys = cfg.section("physics")
+        self.eps = phys.get("softening", 0.0, kind=float, min=0.0)
+        self.G = phys.get("G", 1.0, kind=float, min=0.0, exclusive_min=True)
+        cfg_devices = cfg.section("parallel").get("devices", None, kind=int, min=1)
+        c = self.common = read_options(
+            cfg, opts, default_path="data/runs/nbody.h5md", check_path=_check_path
+        )
+        self.engine, self.config_text = c.engine, config_text
+        self.save_checkpoints = c.checkpoint
+        self.mesh = self._ring(c, cfg_devices)
+        from simpar.parallel.ring import check_layout
+
+        check_layout(n, c.engine, self.mesh[0])  # no 'single' across processes, no idle one
+        itemsize = np.dtype(self.dtype).itemsize
+        check_fits(  # pair arrays of one target block against its sources dominate
+            n * -(-n // self.mesh[0]) * 4 * itemsize + n * 64 * itemsize + (256 << 20),
+            part.key("n"),
+            f"{n} bodies, all pairs over {self.mesh[0]} device(s)",
+            "reduce particles.n or use more devices",
+        )
+
+    @staticmethod
+    def _ring(c, cfg_devices) -> tuple[int]:
+        """The ring size: ``--mesh``, else ``parallel.mesh`` / ``parallel.devices``."""
+        mesh, key = c.mesh, c.mesh_key
+        if key == "parallel.mesh":  # not from the command line
+            if mesh is not None and cfg_devices is not None and cfg_devices != mesh[0]:
+                raise ConfigError(
+                    "parallel.mesh",
+                    f"{list(mesh)} disagrees with parallel.devices = {cfg_devices}; set one",
+                )
+            if mesh is None and cfg_devices is not None:
+                mesh, key = (cfg_devices,), "parallel.devices"
+            devices = mesh[0] if mesh is not None else None
+            if c.engine == "single" and not c.engine_from_cli and devices not in (None, 1):
+                raise ConfigError(
+                    "parallel.devices", f"engine 'single' runs on 1 device, got {devices}"
+                )
+        if c.engine != "single" and mesh is not None and len(mesh) != 1:
+            shape = "x".join(map(str, mesh))
+            raise ConfigError(key, f"the N-body ring is 1-D: give one device count, got {shape}")
+        return device_mesh(c, mesh=mesh, key=key)
+
+    def check_resume(self, ck: dict, ck_step: int) -> int:
+        """The run starts at step 0 (``build`` checks the number of bodies)."""
+        return 0
+
+    def build(self, ck) -> NBodyRun:
+        """Place the bodies on the ring's devices and compute their first accelerations."""
+        return NBodyRun(self, ck)
+
+
+class NBodyRun(Run):
+    """An N-body run on a ring engine (see ``simpar.drive.loop.Run`` for the methods)."""
+
+    desc = "nbody"
+
+    def __init__(self, plan: NBodyPlan, ck):
+        from simpar.particles import checkpoint as pck
+        from simpar.particles.nbody import make_engine, make_params, plummer_sphere
+
+        self.plan = p = plan
+        dtype = np.dtype(p.dtype)
+        self.pos, vel, self.mass = plummer_sphere(p.n, p.seed, dtype=dtype)
+        self.params = make_params(p.dt, p.G, p.eps, dtype=dtype)
+        self.eng = make_engine(p.engine, p.mesh[0])
+        if ck is None:
+            self.state, self.step = self.eng.init(self.pos, vel, self.mass, self.params), 0
+            self.e0 = None
+        else:
+            ck_state, self.step = pck.nbody_state_from_checkpoint(ck)
+            if ck_state.pos.shape != self.pos.shape:
+                raise ConfigError("--resume", "the checkpoint holds another number of particles")
+            self.state, self.e0 = self.eng.place(ck_state), float(ck["energy_initial"])
+        self.prev = self.step
+        self.max_de = self.max_p = -math.inf  # over the frames of this invocation
+        self._obs = io.observable_values(self.eng.observables(self.state, self.params))
+
+    def observe(self) -> dict:
+        return self._obs
+
+    def _track(self, obs) -> None:
+        """The max relative energy error and |total momentum| over the frames."""
+        self.max_de = max(self.max_de, abs(float(obs["total_energy"]) / self.e0 - 1.0))
+        self.max_p = max(self.max_p, float(np.abs(obs["momentum"]).max()))
+
+    def at_frame(self, step, obs, first) -> None:
+        self._track(obs)
+
+    def _nonfinite(self, obs) -> str | None:
+        values = np.concatenate([np.atleast_1d(v) for v in obs.values()])
+        if np.all(np.isfinite(values)):
+            return None
+        where = f"between steps {self.prev} and {self.step}" if self.step > self.prev else (
+            f"at step {self.step}")  # fmt: skip
+        return f"non-finite energy or momentum {where} (NaN/inf in positions or velocities)"
+
+    _HINT = "reduce time.dt or increase physics.softening"
+
+    def initial_problem(self, obs) -> None:
+        why = self._nonfinite(obs)
+        if why:
+            raise SimulationError(self.step, why, self._HINT)
+        if self.e0 is None:
+            self.e0 = float(obs["total_energy"])
+        self._track(obs)  # the first frame, or the state a resumed run starts from
+
+    def advance(self, k: int, last_good: str) -> None:
+        self.prev = self.step
+        self.state, dobs = self.eng.run(self.state, self.params, k)
+        self._obs = io.observable_values(dobs)
+        self.step += k
+
+    def problem(self, obs, step):
+        why = self._nonfinite(obs)
+        return (why, self._HINT) if why else None
+
+    def postfix(self, obs) -> dict:
+        return {"dE": f"{self.max_de:.1e}"}
+
+    def snapshot(self):
+        return self.eng.fetch(self.state)  # a collective across processes
+
+    def checkpoint_state(self, host, step) -> dict:
+        from simpar.particles import checkpoint as pck
+
+        state = pck.nbody_state_to_checkpoint(host, step)
+        state["energy_initial"] = np.float64(self.e0)
+        return state
+
+    def open_writer(self, path, *, resume_step, overwrite, key):
+        from simpar.io.h5md import H5MDWriter
+        from simpar.io.meta import run_metadata
+
+        if resume_step is not None:
+            return H5MDWriter.open_existing(path, step=resume_step)
+        p = self.plan
+        meta = run_metadata(
+            p.config_text, engine=p.engine, mesh=p.mesh, dtype=p.dtype, seed=p.seed,
+            model="nbody",
+        )  # fmt: skip
+        attrs = meta | {
+            "units": "N-body (Henon) units: G = M = 1, E = -1/4 (Plummer), r_V = 1",
+            "n": np.int64(p.n),
+            "G": np.float64(p.G),
+            "softening": np.float64(p.eps),
+            "dt": np.float64(p.dt),
+        }
+        return io.open_output(path, p.n, p.dtype, self.mass, attrs, overwrite=overwrite, key=key)
+
+    def write_frame(self, writer, step, host, obs) -> None:
+        writer.append(step, step * self.plan.dt, host.pos, box=np.zeros(3), velocity=host.vel,
+                      observables=obs)  # fmt: skip
+
+    def summary(self, obs0, obs, steps_run, wall) -> dict:
+        n = self.plan.n
+        return dict(
+            rate=float(n) * n * steps_run / wall if wall > 0 else math.nan,
+            rate_unit="pair_interactions/s",
+            initial=obs0,
+            final=obs,
+            details={
+                "n": n,
+                "energy_initial": self.e0,
+                "energy_max_rel_error": self.max_de,
+                "momentum_max_abs": self.max_p,
+            },
+        )
+
+
+def plan(cfg: Section, opts: Options, config_text: str) -> NBodyPlan:
+    """Read and validate an N-body config (``ConfigError`` names the key); nothing
+    allocated."""
+    return NBodyPlan(cfg, opts, config_text)
