@@ -26,6 +26,7 @@ JAX is configured (number of CPU devices) before it starts, so ``--devices`` wor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -62,7 +63,13 @@ RUN_EPILOG = (
     "  1  failed run (non-finite values, instability): names the step and the setting to\n"
     "     change; every frame before it is kept, run_status = 'failed: ...'\n"
     "  2  invalid input: names the key and what is allowed; no traceback, no output file\n"
-    "  130 interrupted (Ctrl-C)\n"
+    "  130 interrupted (Ctrl-C, SIGINT): stops at the next safe point, run_status =\n"
+    "      'failed: interrupted', the checkpoint is usable (--resume); a second Ctrl-C\n"
+    "      stops at once\n"
+    "  143 terminated (SIGTERM: timeout, kill, SLURM at the time limit): as for 130, with\n"
+    "      run_status = 'failed: terminated'\n"
+    "\nstdout carries only the JSON summary line; progress, --show-layout and messages go\n"
+    "to stderr.\n"
 )
 
 
@@ -104,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--show-layout",
         action="store_true",
-        help="print which device holds which block of the state before the run",
+        help="print which device holds which block of the state before the run (to stderr)",
     )
     d = r.add_argument_group(
         "multi-process runs", "one simpar run per process (simpar.parallel.distributed)"
@@ -145,16 +152,17 @@ def _configure_jax(devices: int | None) -> None:
 
 
 def _cmd_info(args) -> int:
-    from simpar.errors import ConfigError
     from simpar.parallel.topology import parse_mesh
 
     mesh = parse_mesh(args.mesh) if args.mesh else None
     devices = args.devices
     if devices is None and mesh is not None:
         devices = math.prod(mesh)
-    if devices is not None and not 1 <= devices <= MAX_DEVICES:
-        key = "--devices" if args.devices is not None else "--mesh"
-        raise ConfigError(key, f"must be 1 .. {MAX_DEVICES} devices, got {devices}")
+    if devices is not None:
+        from simpar.memory import check_device_count
+
+        check_device_count(devices, "--devices" if args.devices is not None else "--mesh",
+                           MAX_DEVICES)  # fmt: skip
     _configure_jax(devices)
     import jax
 
@@ -198,10 +206,11 @@ def _cmd_run(args) -> int:
     from simpar import config as cfgmod
     from simpar import signals
     from simpar.errors import ConfigError
+    from simpar.memory import check_device_count
     from simpar.parallel.topology import parse_mesh
 
-    if args.devices is not None and not 1 <= args.devices <= MAX_DEVICES:
-        raise ConfigError("--devices", f"must be 1 .. {MAX_DEVICES}, got {args.devices}")
+    if args.devices is not None:
+        check_device_count(args.devices, "--devices", MAX_DEVICES)
     mesh = parse_mesh(args.mesh) if args.mesh else None
     multi = args.distributed or any(
         v is not None for v in (args.coordinator, args.num_processes, args.process_id)
@@ -213,6 +222,7 @@ def _cmd_run(args) -> int:
     devices = args.devices  # per process in a multi-process run
     if devices is None and mesh is not None and not multi:
         devices = math.prod(mesh)  # on CPU: as many virtual devices as the mesh needs
+        check_device_count(devices, "--mesh", MAX_DEVICES)  # before XLA creates them
     data, text = cfgmod.load(args.config, args.set)
     signals.check()  # a Ctrl-C / SIGTERM during start-up stops here, before JAX starts
     _configure_jax(devices)
@@ -232,19 +242,22 @@ def _cmd_run(args) -> int:
         )
     from simpar.run import run_config
 
-    summary = run_config(
-        data,
-        text,
-        engine=args.engine,
-        mesh=mesh,
-        steps=args.steps,
-        out=args.out,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-        resume=args.resume,
-        show_layout=args.show_layout,
-        devices=args.devices,  # the default mesh spans them (simpar.drive.loop.device_mesh)
-    )
+    # stdout carries only the JSON summary: whatever the run prints (--show-layout, a
+    # library's notice) goes to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        summary = run_config(
+            data,
+            text,
+            engine=args.engine,
+            mesh=mesh,
+            steps=args.steps,
+            out=args.out,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+            resume=args.resume,
+            show_layout=args.show_layout,
+            devices=args.devices,  # the default mesh spans them (simpar.drive.loop.device_mesh)
+        )
     if jax.process_index() == 0:
         print(json.dumps(summary, default=str))
     return EXIT_OK

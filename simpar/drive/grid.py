@@ -106,12 +106,32 @@ class GridPlan(Plan):
         self.save_checkpoints = c.checkpoint and ens is None
         if ens is not None and c.resume:
             raise ConfigError("--resume", "ensemble runs cannot be resumed yet; run again")
+        if c.resume:
+            self._check_checkpoint(c.path, config_text)
         self.eng = self._engine()  # checks the mesh against the grid (no state placed yet)
         self.mesh = tuple(self.eng.grid.shape)
         distributed.check_gather_size(
             sum(np.asarray(u).nbytes for u in setup.state.values()),
             gather_limit,
             o.key("gather_limit_gib"),
+        )
+
+    def _check_checkpoint(self, path, config_text: str) -> None:
+        """Refuse a damaged or crafted checkpoint before the run is built (``--resume``).
+
+        The shapes and dtypes of the state arrays follow from the config
+        (``checkpoint.expected_of`` of the initial state), so every dataset is checked
+        against them before any data is read, only those arrays are read, and non-finite
+        values are blamed on ``--resume`` and the dataset (not on ``[initial]``).
+
+        Attributes set:
+          resume_expected: name -> (shape, dtype) of the state arrays.
+        """
+        from simpar.io import checkpoint
+
+        self.resume_expected = checkpoint.expected_of(self.setup.state)
+        checkpoint.load_for_resume(
+            path, config_text, self.setup.model.name, expected=self.resume_expected
         )
 
     def _engine(self):

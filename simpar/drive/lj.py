@@ -104,6 +104,27 @@ def _simulation(plan: LJPlan, ck: dict | None) -> SimpleNamespace:
     )
 
 
+def _not_appendable(path, err) -> ConfigError:
+    return ConfigError(
+        "--resume",
+        f"cannot open {str(path)!r} for appending ({str(err).splitlines()[0]}); is another "
+        "process (a viewer, an h5py session, another run) holding it open? Close it and retry",
+    )
+
+
+def _check_appendable(path) -> None:
+    """Refuse ``--resume`` at once when the output cannot be opened for appending (HDF5's
+    file lock held by a reader, read-only file); a missing file is left to the driver."""
+    import h5py
+
+    if not path.exists():
+        return
+    try:
+        h5py.File(path, "a").close()
+    except OSError as err:
+        raise _not_appendable(path, err) from None
+
+
 class LJPlan(Plan):
     """A validated LJ run: settings, the initial host arrays, engine and mesh.
 
@@ -135,6 +156,8 @@ class LJPlan(Plan):
         if c.engine == "sharded" and c.mesh is not None and len(c.mesh) != 1:
             raise ConfigError(c.mesh_key, f"LJ uses a 1-D particle mesh, got {c.mesh}")
         self.mesh = device_mesh(c)
+        if c.resume and distributed.is_main():
+            _check_appendable(c.path)  # before the build: a held file fails in seconds
         lj_config.check_memory(cfg)
         r, v, box, self.step0, key = lj_config.initial_state(cfg)
         lj_config.check_geometry(cfg, box)
@@ -192,9 +215,29 @@ class LJRun(Run):
         return self.sim.thermo()
 
     def initial_problem(self, th) -> None:
-        if not all(math.isfinite(x) for x in th.values()):
-            raise SimulationError(self.plan.step0, "non-finite energy in the initial state",
-                                  "check system.* (overlapping atoms?)")  # fmt: skip
+        """Refuse a non-finite initial state, naming the key that made it (exit 2)."""
+        if all(math.isfinite(x) for x in th.values()):
+            return
+        cfg, dtype = self.cfg, self.cfg["dtype"]
+        lattice = cfg["init"] == "lattice"
+        if not (math.isfinite(th["kinetic_energy"]) and math.isfinite(th["temperature"])):
+            if lattice:
+                raise ConfigError(
+                    "system.temperature",
+                    f"{cfg['temperature']:g} gives a kinetic energy that overflows {dtype}; "
+                    "give a temperature in reduced units (epsilon / k_B), e.g. 0.5 .. 5",
+                )
+            raise ConfigError(
+                "system.file", f"{cfg['file']!r}: the velocities give a non-finite kinetic energy"
+            )
+        if lattice:
+            key, why = lj_config.pair_energy_blame(cfg)
+            raise ConfigError(key, why)
+        raise ConfigError(
+            "system.file",
+            f"{cfg['file']!r}: the initial potential energy or pressure is not finite in "
+            f"{dtype} (overlapping atoms? potential.epsilon = {cfg['epsilon']:g})",
+        )
 
     def advance(self, k: int, last_good: str) -> None:
         try:
@@ -229,7 +272,10 @@ class LJRun(Run):
         from simpar.io import h5md
 
         if resume_step is not None:
-            return h5md.H5MDWriter.open_existing(path, step=resume_step)
+            try:
+                return h5md.H5MDWriter.open_existing(path, step=resume_step)
+            except OSError as err:
+                raise _not_appendable(path, err) from None
         p, cfg = self.plan, self.cfg
         seed = cfg.get("seed") if cfg["init"] == "lattice" else None
         attrs = run_metadata(

@@ -71,9 +71,17 @@ class NBodyPlan(Plan):
         )
         self.engine, self.config_text = c.engine, config_text
         self.save_checkpoints = c.checkpoint
-        self.mesh = self._ring(c, cfg_devices)
+        self.mesh, ring_key = self._ring(c, cfg_devices)
         from simpar.parallel.ring import check_layout
 
+        if n % self.mesh[0]:  # blame the option that set the ring (or N for the default)
+            lo = n - n % self.mesh[0]
+            raise ConfigError(
+                ring_key if c.mesh is not None or ring_key == "parallel.devices" else part.key("n"),
+                f"N = {n} particles cannot be split evenly over {self.mesh[0]} devices (N must "
+                f"be a multiple of the device count; N = {lo or self.mesh[0]} or "
+                f"{lo + self.mesh[0]} would do, or another device count)",
+            )
         check_layout(n, c.engine, self.mesh[0])  # no 'single' across processes, no idle one
         itemsize = np.dtype(self.dtype).itemsize
         check_fits(  # pair arrays of one target block against its sources dominate
@@ -84,8 +92,9 @@ class NBodyPlan(Plan):
         )
 
     @staticmethod
-    def _ring(c, cfg_devices) -> tuple[int]:
-        """The ring size: ``--mesh``, else ``parallel.mesh`` / ``parallel.devices``."""
+    def _ring(c, cfg_devices) -> tuple[tuple[int], str]:
+        """The ring size ``(n,)`` (``--mesh``, else ``parallel.mesh`` / ``parallel.devices``)
+        and the key it came from."""
         mesh, key = c.mesh, c.mesh_key
         if key == "parallel.mesh":  # not from the command line
             if mesh is not None and cfg_devices is not None and cfg_devices != mesh[0]:
@@ -103,7 +112,7 @@ class NBodyPlan(Plan):
         if c.engine != "single" and mesh is not None and len(mesh) != 1:
             shape = "x".join(map(str, mesh))
             raise ConfigError(key, f"the N-body ring is 1-D: give one device count, got {shape}")
-        return device_mesh(c, mesh=mesh, key=key)
+        return device_mesh(c, mesh=mesh, key=key), key
 
     def check_resume(self, ck: dict, ck_step: int) -> int:
         """The run starts at step 0 (``build`` checks the number of bodies)."""

@@ -59,7 +59,7 @@ from simpar.errors import ConfigError
 from simpar.grid import stencils
 from simpar.grid.boundary import Dirichlet, Neumann, Periodic
 from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config, param_dtype
-from simpar.grid.heat import gaussian
+from simpar.grid.heat import bump_from_config, gaussian
 from simpar.grid.model import GridModel, GridSetup
 
 SCHEMES = ("upwind", "muscl")
@@ -298,8 +298,7 @@ def from_config(cfg: Section) -> GridSetup:
         offset = ini.get("offset", 0.0)
         q0 = sine_profile(domain, modes, amplitude, offset)
     else:
-        center = ini.get("center", [L / 2 for L in domain.length], length=d)
-        width = ini.get("width", 0.1 * min(domain.length), min=0.0, exclusive_min=True)
+        center, width = bump_from_config(ini, domain, bcs, 0.1 * min(domain.length))
         if kind == "gaussian":
             q0 = gaussian(domain, center, width, amplitude)
         else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from simpar.axes import AXIS_NAMES
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid import stencils
@@ -118,6 +119,39 @@ def gaussian(
     return outer_product(factors, amplitude * (width**2 / s2) ** (domain.ndim / 2), dtype)
 
 
+MAX_WIDTH = 1e3  # box lengths: a wider bump is a constant field (and width^2 must not overflow)
+
+
+def bump_from_config(ini: Section, domain: Domain, bcs, default_width: float):
+    """``initial.center`` and ``initial.width`` of a Gaussian (or square) start, checked.
+
+    Args:
+      ini: the ``[initial]`` table.
+      domain: the grid (lengths per axis, length units).
+      bcs: per axis ``(lower, upper)`` boundary conditions.
+      default_width: ``initial.width`` when absent (length units).
+
+    Returns:
+      (center: list of floats per axis, width: float), in length units.
+
+    Raises:
+      ConfigError: a centre outside the box ``[0, L]`` along an axis with walls (a
+        periodic axis wraps), or a width that is not in ``(0, 1000 L_max]``.
+    """
+    center = ini.get("center", [L / 2 for L in domain.length], length=domain.ndim)
+    width = ini.get(
+        "width", default_width, min=0.0, exclusive_min=True, max=MAX_WIDTH * max(domain.length)
+    )
+    for a, (c, L, (lo, _)) in enumerate(zip(center, domain.length, bcs, strict=True)):
+        if not getattr(lo, "periodic", False) and not 0.0 <= c <= L:
+            raise ConfigError(
+                ini.key("center"),
+                f"{c:g} along {AXIS_NAMES[a]} lies outside the box [0, {L:g}], whose "
+                f"{AXIS_NAMES[a]} edges are walls; give a centre inside the box",
+            )
+    return center, width
+
+
 def from_config(cfg: Section) -> GridSetup:
     """Read ``[grid]``, ``[boundary]``, ``[physics]``, ``[initial]``, ``[time]``.
 
@@ -156,8 +190,7 @@ def from_config(cfg: Section) -> GridSetup:
     amplitude = ini.get("amplitude", 1.0)
     seed = None
     if kind == "gaussian":
-        center = ini.get("center", [L / 2 for L in domain.length], length=d)
-        width = ini.get("width", 0.05 * min(domain.length), min=0.0, exclusive_min=True)
+        center, width = bump_from_config(ini, domain, bcs, 0.05 * min(domain.length))
         u0 = gaussian(domain, center, width, amplitude, dtype=domain.dtype)
     elif kind == "sine":
         modes = ini.get("modes", [1] * d, kind=int, length=d, min=0)
@@ -170,7 +203,7 @@ def from_config(cfg: Section) -> GridSetup:
             domain.dtype,
         )
     else:
-        seed = ini.get("seed", 0, kind=int)
+        seed = ini.get("seed", 0, kind=int, min=0)
         u0 = uniform_random(domain.shape, seed, amplitude, domain.dtype)
     return GridSetup(
         model=make_model(d, bcs, stencil),

@@ -72,6 +72,7 @@ one lattice speed unit (one cell per step) is one length/time unit and the veloc
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -611,7 +612,10 @@ def from_config(cfg: Section) -> GridSetup:
             '[boundary] table is periodic on every axis); set e.g. boundary.x = "wall" and '
             'boundary.y = {lower = "wall", upper = "lid"}, or remove physics.u_lid',
         )
-    rho0 = ph.get("rho0", 1.0, min=0.0, exclusive_min=True)
+    # the populations hold rho0-sized values and the diagnostics sum rho0 * u^2 over cells:
+    # keep rho0 well inside the dtype's range (lattice units; 1 is the usual choice)
+    rho_max = float(f"{math.sqrt(float(np.finfo(domain.dtype).max)):.2g}")
+    rho0 = ph.get("rho0", 1.0, min=0.0, exclusive_min=True, max=rho_max)
     given = [k for k in ("reynolds", "viscosity", "tau") if k in ph]
     if len(given) != 1:
         raise ConfigError(

@@ -48,7 +48,7 @@ from simpar.errors import ConfigError
 from simpar.grid import stencils
 from simpar.grid.boundary import Dirichlet, Neumann
 from simpar.grid.domain import Domain, boundaries_from_config, domain_from_config, param_dtype
-from simpar.grid.heat import gaussian
+from simpar.grid.heat import bump_from_config, gaussian
 from simpar.grid.model import GridModel, GridSetup
 
 FIELDS = ("u", "u_prev")
@@ -245,8 +245,7 @@ def from_config(cfg: Section) -> GridSetup:
         modes = ini.get("modes", [1] * d, kind=int, length=d, min=0)
         u0 = sine_mode(domain, modes, amplitude)
     else:
-        center = ini.get("center", [L / 2 for L in domain.length], length=d)
-        width = ini.get("width", 0.05 * min(domain.length), min=0.0, exclusive_min=True)
+        center, width = bump_from_config(ini, domain, bcs, 0.05 * min(domain.length))
         u0 = gaussian(domain, center, width, amplitude)
     return GridSetup(
         model=make_model(d, bcs),

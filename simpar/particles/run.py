@@ -115,6 +115,8 @@ def read_config(root: Section) -> dict:
             raise ConfigError("system.file", f"H5MD file {path!r} not found")
         try:
             cfg["restart"] = h5md.read_frame(path, cfg["frame"])
+        except ConfigError:
+            raise  # already names system.file and the dataset
         except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
             msg = f"cannot read a state from {path!r}: {err}"
             raise ConfigError("system.file", msg) from None
@@ -139,6 +141,10 @@ def read_config(root: Section) -> dict:
     cfg["skin"] = nb.get("skin", 0.3, min=0.0, exclusive_min=True)
     cfg["max_neighbors"] = nb.get("max_neighbors", 0, kind=int, min=0) or None
     cfg["capacity_factor"] = nb.get("capacity_factor", 1.2, min=1.0)
+    if init == "h5md" and cfg["boundary"] == "periodic":
+        # the file's box against this run's cell grid (cutoff + skin): huge edges refused
+        fr = cfg["restart"]
+        h5md.check_box(path, fr["box"], ["periodic"] * 3, cfg["cutoff"] + cfg["skin"])
 
     integ = root.section("integrator")
     ens = cfg["ensemble"] = integ.get("ensemble", "nve", kind=str, choices=md.ENSEMBLES)
@@ -242,7 +248,13 @@ def initial_state(cfg):
 
 
 def check_memory(cfg) -> None:
-    """Refuse a run that cannot fit, before the lattice or neighbour lists are allocated."""
+    """Refuse a run that cannot fit, before the lattice or neighbour lists are allocated.
+
+    The error names the key that makes the run too big: the atom count (``system.cells`` /
+    ``system.file``) when the per-atom arrays dominate or the neighbour settings are
+    ordinary, else the neighbour setting furthest from its default (``neighbors.skin``,
+    ``neighbors.capacity_factor``, ``potential.cutoff`` or ``neighbors.max_neighbors``).
+    """
     if cfg["init"] == "lattice":
         n = (4 if cfg["lattice"] == "fcc" else 1) * math.prod(cfg["cells"])
         density = cfg["density"]
@@ -256,12 +268,60 @@ def check_memory(cfg) -> None:
     item = np.dtype(cfg["dtype"]).itemsize
     # per atom ~ 16 vectors (state, forces, reference positions, host copies); per
     # neighbour slot an index and its displacement, distance and pair terms
-    needed = n * (16 * 3 * item) + n * neighbours * (4 + 6 * item) + (256 << 20)
+    per_atom, per_slot = n * (16 * 3 * item), n * neighbours * (4 + 6 * item)
+    key = "system.cells" if cfg["init"] == "lattice" else "system.file"
+    hint = "use fewer atoms (system.cells) or more processes (--num-processes)"
+    if per_slot > per_atom:
+        key, hint = _neighbour_blame(cfg, key, hint)
     check_fits(
-        needed,
-        "system.cells" if cfg["init"] == "lattice" else "system.file",
+        per_atom + per_slot + (256 << 20),
+        key,
         f"{n} atoms with about {neighbours} neighbour slots each",
-        "use fewer atoms (system.cells) or more processes (--num-processes)",
+        hint,
+    )
+
+
+def _neighbour_blame(cfg, key: str, hint: str) -> tuple[str, str]:
+    """The neighbour setting to blame for too many neighbour slots (or ``key`` unchanged
+    when each is within 10x of its default's contribution)."""
+    if cfg["max_neighbors"]:
+        return "neighbors.max_neighbors", "lower neighbors.max_neighbors (0: measured)"
+    cut, skin = cfg["cutoff"], cfg["skin"]
+    factors = {  # slots scale with capacity_factor and (cutoff + skin)^3
+        "neighbors.capacity_factor": cfg["capacity_factor"] / 1.2,
+        "neighbors.skin": ((cut + skin) / (cut + 0.3)) ** 3,
+        "potential.cutoff": ((cut + skin) / (2.5 + skin)) ** 3,
+    }
+    worst = max(factors, key=factors.get)
+    if factors[worst] < 10:
+        return key, hint
+    default = {"neighbors.capacity_factor": 1.2, "neighbors.skin": 0.3, "potential.cutoff": 2.5}
+    return (
+        worst,
+        f"{worst} gives {factors[worst]:.3g} times the neighbour slots of {default[worst]}",
+    )
+
+
+def pair_energy_blame(cfg) -> tuple[str, str]:
+    """The key (and message) to blame for a non-finite initial energy of a lattice start.
+
+    A lattice has no overlapping atoms; the energy overflows either because the atoms sit
+    far inside the repulsive core (``system.density``) or because ``potential.epsilon`` is
+    too large for the dtype.
+    """
+    a = (4.0 / cfg["density"]) ** (1 / 3) if cfg["lattice"] == "fcc" else cfg["density"] ** (-1 / 3)
+    r_nn = a / math.sqrt(2.0) if cfg["lattice"] == "fcc" else a
+    big = float(np.finfo(cfg["dtype"]).max)
+    with np.errstate(over="ignore"):
+        core = 4.0 * np.float64(cfg["sigma"] / r_nn) ** 12  # LJ pair energy / epsilon
+    if cfg["kind"] == "lj" and not core * 100 < big:
+        return "system.density", (
+            f"{cfg['density']:g} puts neighbours {r_nn:.3g} sigma apart: the pair energy "
+            f"overflows {cfg['dtype']}; use a density near 1 (reduced units)"
+        )
+    return "potential.epsilon", (
+        f"{cfg['epsilon']:g} makes the initial energy overflow {cfg['dtype']}; give epsilon "
+        "in the run's energy unit (reduced units: 1)"
     )
 
 
