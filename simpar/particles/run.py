@@ -295,10 +295,12 @@ def _neighbour_blame(cfg, key: str, hint: str) -> tuple[str, str]:
     worst = max(factors, key=factors.get)
     if factors[worst] < 10:
         return key, hint
-    default = {"neighbors.capacity_factor": 1.2, "neighbors.skin": 0.3, "potential.cutoff": 2.5}
-    return (
-        worst,
-        f"{worst} gives {factors[worst]:.3g} times the neighbour slots of {default[worst]}",
+    usual = {"neighbors.capacity_factor": 1.2, "neighbors.skin": 0.3, "potential.cutoff": 2.5}
+    value = {"neighbors.capacity_factor": cfg["capacity_factor"], "neighbors.skin": skin}
+    value = value.get(worst, cut)
+    return worst, (
+        f"{worst} = {value:g} needs {factors[worst]:.3g} times the neighbour slots of the "
+        f"usual {usual[worst]:g}; use a smaller value"
     )
 
 
@@ -331,10 +333,16 @@ def check_geometry(cfg, box) -> None:
     if cfg["boundary"] == "periodic":
         need = 2.0 * (cfg["cutoff"] + cfg["skin"])
         if np.min(box) < need:
+            key = "system.cells" if cfg["init"] == "lattice" else "system.file"
+            if cfg["skin"] > cfg["cutoff"] and np.min(box) >= 2.0 * (cfg["cutoff"] + 0.3):
+                key = "neighbors.skin"  # the usual skin of 0.3 would fit this box
             raise ConfigError(
-                "system.cells",
+                key,
                 f"box edges {np.round(box, 4).tolist()} must be >= 2 * (potential.cutoff "
-                f"+ neighbors.skin) = {need:g} for the minimum image; use more cells",
+                f"+ neighbors.skin) = {need:g} for the minimum image; "
+                + {"neighbors.skin": "use a skin near 0.3", "system.cells": "use more cells"}.get(
+                    key, "use a larger box or a shorter potential.cutoff"
+                ),
             )
 
 
