@@ -55,6 +55,37 @@ class Ensemble:
         """Global attributes for the output file."""
         return {"ensemble_members": self.members, "ensemble_sweep": json.dumps(self.sweep)}
 
+    def coordinates(self, taken=()) -> dict[str, dict]:
+        """The swept numbers as coordinates of the ``ensemble`` dimension of the output.
+
+        Each swept key whose values are numbers becomes one variable named after its last
+        part (``physics.diffusivity`` -> ``diffusivity``, ``initial.seed`` -> ``seed``; the
+        whole key with ``_`` for ``.`` where that name is taken), so
+        ``xarray.open_dataset(path).sel(diffusivity=1.5)`` picks a member. Swept lists or
+        strings stay in the ``ensemble_sweep`` attribute only.
+
+        Args:
+          taken: names already used in the file (fields, diagnostics, axes).
+
+        Returns:
+          name -> ``{"data": (members,) float64 or int64, "long_name": str}``
+          (``simpar.io.netcdf.GridWriter``'s ``ensemble_coords``).
+        """
+        out: dict[str, dict] = {}
+        used = {"time", "step", "ensemble", *taken}
+        for key, values in self.sweep.items():
+            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+                continue
+            name = key.rsplit(".", 1)[-1]
+            if name in used or name in out:
+                name = key.replace(".", "_")
+            if name in used or name in out:
+                continue
+            floats = any(isinstance(v, float) for v in values)
+            data = np.asarray(values, np.float64 if floats else np.int64)
+            out[name] = {"data": data, "long_name": f"swept {key} of each member"}
+        return out
+
 
 def _set(data: dict, dotted: str, value) -> None:
     node = data

@@ -81,6 +81,54 @@ def test_ensemble_file_has_an_ensemble_dimension_and_members_equal_runs_alone(tm
         np.testing.assert_allclose(ds.u_sum.isel(ensemble=m).values, ref.u_sum.values, rtol=1e-12)
 
 
+def test_swept_parameters_are_coordinates_and_plot_shows_every_member(tmp_path, monkeypatch):
+    path = tmp_path / "ens.nc"
+    run_file(
+        "experiments/heat_ensemble.toml",
+        ["grid.shape=[16,16]", "output.every=5", "time.dt=2e-4"],
+        engine="single",
+        steps=10,
+        out=str(path),
+        progress=False,
+    )
+    ds = xr.open_dataset(path, engine="h5netcdf")
+    assert ds.diffusivity.dims == ("ensemble",) and "diffusivity" in ds.coords
+    assert ds.seed.dims == ("ensemble",) and ds.seed.values.tolist() == [1, 2, 3, 4]
+    np.testing.assert_array_equal(ds.diffusivity.values, [0.5, 1.0, 1.5, 2.0])
+    picked = ds.sel(diffusivity=1.5)
+    assert picked.u.dims == ("time", "y", "x") and int(picked.seed) == 3
+    np.testing.assert_array_equal(picked.u.values, ds.u.isel(ensemble=2).values)
+    np.testing.assert_array_equal(ds.sel(seed=4).u_sum.values, ds.u_sum.isel(ensemble=3).values)
+
+    from simpar.io import plot
+
+    figures = {}
+    real = plot._save
+
+    def keep(fig, out):
+        figures[out.name] = fig
+        return real(fig, out)
+
+    monkeypatch.setattr(plot, "_save", keep)
+    written = plot.plot_file(path)
+    assert all(p.is_file() for p in written)
+    field = figures["ens_u.png"]
+    images = [ax for ax in field.axes if ax.images]
+    assert len(images) == 4  # one panel per member
+    titles = sorted(ax.get_title() for ax in images)
+    assert titles == [
+        f"diffusivity = {d}, seed = {s}" for d, s in ((0.5, 1), (1, 2), (1.5, 3), (2, 4))
+    ]
+    assert len({tuple(ax.images[0].get_clim()) for ax in images}) == 1  # one colour scale
+    series = figures["ens_timeseries.png"]
+    lines = [ln.get_label() for ln in series.axes[0].lines]
+    assert lines == [
+        f"diffusivity = {d}, seed = {s}" for d, s in ((0.5, 1), (1, 2), (1.5, 3), (2, 4))
+    ]
+    profile = figures["ens_u_profile.png"]
+    assert len(profile.axes[0].lines) == 4
+
+
 @pytest.mark.parametrize(
     "sets,key",
     [

@@ -240,6 +240,11 @@ class GridWriter:
       ensemble: number of ensemble members: adds the dimension ``ensemble`` (coordinate:
         member index) that variables may name right after ``time``, e.g.
         ``("time", "ensemble", "y", "x")``. Such variables are not in the XDMF sidecar.
+      ensemble_coords: name -> ``{"data": (members,) numbers, "long_name": str, "units":
+        str}``: per-member values (the swept parameters of an ensemble) written as
+        variables on the ``ensemble`` dimension and listed in the CF ``coordinates``
+        attribute of every variable that has that dimension, so xarray opens them as
+        coordinates (``ds.sel(diffusivity=1.5)``).
 
     Raises:
       ConfigError: ``path`` exists and ``overwrite`` is false (key ``--out``).
@@ -262,6 +267,7 @@ class GridWriter:
         xdmf_min_interval: float = 0.0,
         key: str = "--out",
         ensemble: int | None = None,
+        ensemble_coords: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
@@ -285,6 +291,7 @@ class GridWriter:
             if name in _RESERVED:
                 raise ValueError(f"coordinate name {name!r} is reserved")
         specs = _check_variables(variables, list(coords), ensemble is not None)
+        members = _check_ensemble_coords(ensemble_coords, ensemble, [*coords, *specs])
         sizes = {} if ensemble is None else {_ENSEMBLE: int(ensemble)}
         sizes.update({name: c.size for name, c in coords.items()})
 
@@ -308,6 +315,10 @@ class GridWriter:
                 )
                 e.attrs["long_name"] = _text_attr("ensemble member")
                 e.attrs["units"] = _text_attr("1")
+            for name, spec in members.items():
+                m = nc.create_variable(name, (_ENSEMBLE,), spec["data"].dtype, data=spec["data"])
+                m.attrs["long_name"] = _text_attr(str(spec.get("long_name", name)))
+                m.attrs["units"] = _text_attr(str(spec.get("units", "1")))
             for name, c in coords.items():
                 d = nc.create_variable(name, (name,), "f8", data=c)
                 # No "axis" attribute: ParaView would take x/y as lon/lat.
@@ -335,6 +346,9 @@ class GridWriter:
                 if spec.get("long_name"):
                     v.attrs["long_name"] = _text_attr(str(spec["long_name"]))
                 _set_attrs(v, dict(spec.get("attrs", {})))
+                if members and _ENSEMBLE in dims:  # CF auxiliary coordinates
+                    names = [str(spec.get("attrs", {}).get("coordinates", "")), *members]
+                    v.attrs["coordinates"] = _text_attr(" ".join(n for n in names if n))
             nc.close()  # detaches the wrapper; the h5py file stays open
 
         # exclusive creation; --overwrite builds beside the old file and renames
@@ -685,6 +699,25 @@ class GridWriter:
         write_text_atomic(self.xdmf_path, text)
         self._xdmf_last = _time.monotonic()
         self._xdmf_dirty = False
+
+
+def _check_ensemble_coords(
+    coords: Mapping[str, Mapping[str, Any]] | None, members: int | None, taken: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Validate ``ensemble_coords``: 1-D numbers, one per member, names not taken."""
+    if not coords:
+        return {}
+    if members is None:
+        raise ValueError("ensemble_coords needs ensemble=<number of members>")
+    out = {}
+    for name, spec in coords.items():
+        data = np.asarray(spec["data"])
+        if name in _RESERVED or name in taken or "/" in name or not name:
+            raise ValueError(f"ensemble coordinate name {name!r} is reserved or taken")
+        if data.shape != (members,) or data.dtype.kind not in "fiu":
+            raise ValueError(f"ensemble coordinate {name!r}: {members} numbers expected")
+        out[name] = {**spec, "data": data}
+    return out
 
 
 def _check_variables(

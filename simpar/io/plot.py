@@ -9,6 +9,10 @@ dimension scale and variables whose first dim is ``time``) give, next to the fil
 - ``<stem>_<profile>.png`` per profile ``(time, y)``: the last profile;
 - ``<stem>_timeseries.png``: every scalar series ``(time,)`` in one figure.
 
+Ensemble files (an ``ensemble`` dimension right after ``time``) show every member: one
+panel per member (shared colour scale) for fields, one line per member for profiles and
+series, labelled with the member's swept values (``diffusivity = 0.5``).
+
 H5MD particle files (a ``/h5md`` or ``/particles`` group) give
 ``<stem>_observables.png`` (every ``/observables/*/value`` against time) and
 ``<stem>_positions.png`` (x-y scatter of the last ``position`` frame), labelled in the
@@ -153,7 +157,32 @@ def _edges(c: np.ndarray) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------- grid
+def _member_labels(f: h5py.File) -> list[str]:
+    """One label per ensemble member, from the swept values stored as coordinates on the
+    ``ensemble`` dimension (``diffusivity = 0.5``), else ``member m``."""
+    n = f["ensemble"].shape[0]
+    swept = [
+        name
+        for name, ds in f.items()
+        if name != "ensemble" and isinstance(ds, h5py.Dataset) and ds.ndim == 1
+        and variable_dims(ds) == ("ensemble",) and ds.dtype.kind in "fiu"
+    ]  # fmt: skip
+    values = {name: f[name][()] for name in swept}
+    return [
+        ", ".join(f"{k} = {v[m]:g}" for k, v in values.items()) or f"member {m}" for m in range(n)
+    ]
+
+
+def _image_extent(f: h5py.File, spatial: tuple[str, ...]) -> tuple[float, float, float, float]:
+    x0, x1 = _edges(f[spatial[-1]][...])
+    y0, y1 = _edges(f[spatial[-2]][...])
+    return x0, x1, y0, y1
+
+
 def _plot_grid(f: h5py.File, path: Path) -> list[Path]:
+    """Last frame of every field / profile and every scalar series; an ensemble file
+    (an ``ensemble`` dimension after ``time``) shows every member: one panel per member
+    for fields, one line per member for profiles and series."""
     t = f["time"][...]
     bad = np.flatnonzero(~np.isfinite(t))
     n = int(bad[0]) if bad.size else t.size
@@ -166,58 +195,43 @@ def _plot_grid(f: h5py.File, path: Path) -> list[Path]:
     step = int(f["step"][k]) if "step" in f else k
     tunits = _units(f["time"])
     stamp = f"t = {time:.6g}{tunits}, step {step}"
+    labels = _member_labels(f) if isinstance(f.get("ensemble"), h5py.Dataset) else None
 
     written: list[Path] = []
     series: list[str] = []
     for name, dims in _time_vars(f).items():
         ds = f[name]
-        spatial = dims[1:]
+        ens = labels is not None and dims[1:2] == ("ensemble",)
+        spatial = dims[2:] if ens else dims[1:]
         label = name + _units(ds)
         if not spatial:
             series.append(name)
             continue
         out = path.with_name(f"{path.stem}_{name}.png")
+        frame = np.asarray(ds[k], dtype=np.float64)  # ([members,] *spatial)
+        panels = list(frame) if ens else [frame]
+        names = labels if ens else [None]
         if len(spatial) == 1:
             (ax_name,) = spatial
             c = f[ax_name][...]
             fig = Figure(figsize=(6, 4), layout="constrained")
             ax = fig.add_subplot()
-            ax.plot(c, ds[k], marker=".")
+            for prof, who in zip(panels, names, strict=True):
+                ax.plot(c, prof, marker="." if c.size < 50 else None, label=who)
+            if ens:
+                ax.legend(fontsize=8)
             ax.set_xlabel(ax_name + _units(f[ax_name]))
             ax.set_ylabel(label)
             ax.set_title(f"{name}, {stamp}")
             ax.grid(True, alpha=0.3)
             written.append(_save(fig, out))
             continue
-        if len(spatial) == 2:
-            img = ds[k]
-            title = f"{name}, {stamp}"
-        else:  # 3-D: middle slice along the slowest axis
-            mid = ds.shape[1] // 2
-            img = ds[k, mid]
-            zc = f[spatial[0]][mid]
-            title = f"{name} at {spatial[0]} = {zc:.4g}, {stamp}"
-        yname, xname = spatial[-2], spatial[-1]
-        x0, x1 = _edges(f[xname][...])
-        y0, y1 = _edges(f[yname][...])
-        ny, nx = img.shape
-        aspect = (y1 - y0) / max(x1 - x0, 1e-300)
-        width = 6.5
-        height = float(np.clip(width * aspect * 0.85, 2.5, 9.0)) + 0.6
-        fig = Figure(figsize=(width, height), layout="constrained")
-        ax = fig.add_subplot()
-        im = ax.imshow(
-            np.asarray(img, dtype=np.float64),
-            origin="lower",
-            extent=(x0, x1, y0, y1),
-            interpolation="nearest",
-            aspect="equal",
-        )
-        fig.colorbar(im, ax=ax, label=label)
-        ax.set_xlabel(xname + _units(f[xname]))
-        ax.set_ylabel(yname + _units(f[yname]))
-        ax.set_title(title, fontsize=10)
-        written.append(_save(fig, out))
+        title = f"{name}, {stamp}"
+        if len(spatial) == 3:  # 3-D: middle slice along the slowest axis
+            mid = ds.shape[-3] // 2
+            panels = [p[mid] for p in panels]
+            title = f"{name} at {spatial[0]} = {f[spatial[0]][mid]:.4g}, {stamp}"
+        written.append(_images(f, spatial, panels, names, label, title, out))
 
     if series:
         written.append(
@@ -227,9 +241,44 @@ def _plot_grid(f: h5py.File, path: Path) -> list[Path]:
                 "time" + tunits,
                 path.with_name(f"{path.stem}_timeseries.png"),
                 f"{path.name}: {n} frames, last {stamp}",
+                labels,
             )
         )
     return written
+
+
+def _images(f, spatial, panels, names, label, title, out: Path) -> Path:
+    """One imshow panel per member (a shared colour scale), 4 panels a row at most."""
+    x0, x1, y0, y1 = _image_extent(f, spatial)
+    cols = min(len(panels), 4)
+    rows = -(-len(panels) // cols)
+    aspect = (y1 - y0) / max(x1 - x0, 1e-300)
+    width = 6.5 if cols == 1 else 3.2 * cols + 1.0
+    height = rows * float(np.clip(width / cols * aspect * 0.85, 2.0, 9.0)) + 0.6
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    finite = [p[np.isfinite(p)] for p in panels]
+    lo = min((float(v.min()) for v in finite if v.size), default=0.0)
+    hi = max((float(v.max()) for v in finite if v.size), default=1.0)
+    im = None
+    for i, ax in enumerate(axes.flat):
+        if i >= len(panels):
+            ax.set_visible(False)
+            continue
+        im = ax.imshow(
+            panels[i], origin="lower", extent=(x0, x1, y0, y1), interpolation="nearest",
+            aspect="equal", vmin=lo, vmax=hi,
+        )  # fmt: skip
+        ax.set_xlabel(spatial[-1] + _units(f[spatial[-1]]))
+        ax.set_ylabel(spatial[-2] + _units(f[spatial[-2]]))
+        if names[i] is not None:
+            ax.set_title(names[i], fontsize=9)
+    fig.colorbar(im, ax=axes, label=label)
+    if len(panels) > 1:
+        fig.suptitle(title, fontsize=10)
+    else:
+        axes[0, 0].set_title(title, fontsize=10)
+    return _save(fig, out)
 
 
 def _plot_series(
@@ -238,8 +287,10 @@ def _plot_series(
     xlabel: str,
     out: Path,
     title: str,
+    labels: list[str] | None = None,
 ) -> Path:
-    """One subplot per series, shared x axis; a ``[T, k]`` value gives k lines."""
+    """One subplot per series, shared x axis; a ``[T, k]`` value gives k lines (labelled
+    ``labels[j]``, e.g. the ensemble members, when there are k of them)."""
     m = len(data)
     fig = Figure(figsize=(7, 1.0 + 2.0 * m), layout="constrained")
     axes = fig.subplots(m, 1, sharex=True, squeeze=False)[:, 0]
@@ -247,6 +298,8 @@ def _plot_series(
         y = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
         for j in range(y.shape[1]):
             lbl = f"{name}[{j}]" if y.shape[1] > 1 else None
+            if labels is not None and len(labels) == y.shape[1] > 1:
+                lbl = labels[j]
             ax.plot(x, y[:, j], marker="." if len(x) < 50 else None, label=lbl)
         if y.shape[1] > 1:
             ax.legend(fontsize=8)
