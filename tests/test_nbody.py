@@ -322,7 +322,7 @@ def test_driver_writes_h5md(tmp_path):
         ({"time__dt": 0.0}, {}, "time.dt"),
         ({"physics__softnening": 0.1}, {}, "physics.softnening"),
         ({"parallel__engine": "mpi"}, {}, "parallel.engine"),
-        ({"particles__n": 66}, {"engine": "shard_map", "mesh": (4,)}, "parallel.devices"),
+        ({"particles__n": 66}, {"engine": "shard_map", "mesh": (4,)}, "--mesh"),  # issue 17
         ({}, {"engine": "pmap", "mesh": (2, 2)}, "--mesh"),
         ({}, {"engine": "warp"}, "--engine"),
         ({"output__path": "x.h5"}, {}, "output.path"),
