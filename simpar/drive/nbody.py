@@ -74,13 +74,14 @@ class NBodyPlan(Plan):
         self.mesh, ring_key = self._ring(c, cfg_devices)
         from simpar.parallel.ring import check_layout
 
-        if n % self.mesh[0]:  # blame the option that set the ring (or N for the default)
-            lo = n - n % self.mesh[0]
+        if n % self.mesh[0]:  # blame what set the ring size (N when every device is used)
+            m, lo = self.mesh[0], n - n % self.mesh[0]
+            default = ring_key == "parallel.mesh" and c.mesh is None
+            fits = f"N = {lo} or {lo + m}" if lo else f"N = {m}"
             raise ConfigError(
-                ring_key if c.mesh is not None or ring_key == "parallel.devices" else part.key("n"),
-                f"N = {n} particles cannot be split evenly over {self.mesh[0]} devices (N must "
-                f"be a multiple of the device count; N = {lo or self.mesh[0]} or "
-                f"{lo + self.mesh[0]} would do, or another device count)",
+                part.key("n") if default else ring_key,
+                f"N = {n} particles cannot be split evenly over {m} devices (N must be a "
+                f"multiple of the device count; {fits} would do, or another device count)",
             )
         check_layout(n, c.engine, self.mesh[0])  # no 'single' across processes, no idle one
         itemsize = np.dtype(self.dtype).itemsize
