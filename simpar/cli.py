@@ -20,7 +20,10 @@ failed write such as a full disk, naming the path and the OS error); 130 stopped
 (SIGINT) and 143 stopped by SIGTERM (``timeout``, ``kill``, SLURM): a running simulation
 stops at the next safe point with ``run_status = "failed: interrupted"`` / ``"failed:
 terminated"`` and a usable checkpoint (``simpar.signals``).
-JAX is configured (number of CPU devices) before it starts, so ``--devices`` works on CPU.
+JAX is configured (number of CPU devices) before it starts, so ``--devices`` works on CPU;
+``--devices`` and the count a ``--mesh`` implies are capped at ``MAX_DEVICES`` (exit 2).
+stdout of ``simpar run`` carries only the one JSON summary line: whatever the run prints
+(``--show-layout``, progress, thermo rows, ``wrote PATH``) goes to stderr.
 """
 
 from __future__ import annotations

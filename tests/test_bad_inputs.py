@@ -58,6 +58,7 @@ def _refused(capsys, tmp_path, suffix, *args):
         (CAVITY, ".nc", "physics.rho0=1e308", "physics.rho0"),
         (CAVITY, ".nc", "physics.rho0=1e30", "physics.rho0"),  # float32: overflows the state
         (LJ, ".h5md", "system.temperature=1e308", "system.temperature"),
+        (LJ, ".h5md", "system.temperature=1e30", "system.temperature"),  # blows up later
         (LJ, ".h5md", "potential.epsilon=1e308", "potential.epsilon"),
         (LJ, ".h5md", "neighbors.skin=100", "neighbors.skin"),
         (LJ, ".h5md", "neighbors.capacity_factor=1e9", "neighbors.capacity_factor"),
@@ -74,6 +75,15 @@ def test_bad_value_names_its_key(tmp_path, capsys, config, suffix, override, key
     for wrong in ("initial:", "system.cells", "overlapping atoms", "[initial]"):
         if not key.startswith(wrong.rstrip(":")):
             assert wrong not in err, err
+
+
+@pytest.mark.parametrize("value", ["1e308", "1e30"])
+def test_lj_langevin_temperature_names_its_key(tmp_path, capsys, value):
+    err = _refused(
+        capsys, tmp_path, ".h5md", LJ, *SMALL_LJ, "--set", 'integrator.ensemble="langevin"',
+        "--set", f"integrator.temperature={value}",
+    )  # fmt: skip
+    assert "invalid input: integrator.temperature:" in err and "time.dt" in err, err
 
 
 def test_ensemble_swept_negative_seed_is_refused(tmp_path, capsys):

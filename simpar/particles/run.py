@@ -156,10 +156,40 @@ def read_config(root: Section) -> dict:
         cfg["kt"], cfg["gamma"], cfg["noise_seed"] = 0.0, 0.0, 0
 
     cfg["dt"] = root.section("time").get("dt", min=0.0, exclusive_min=True)
+    _check_thermal_speed(cfg)
     o = root.section("output")
     cfg["write_velocity"] = o.get("velocity", True, kind=bool)
     cfg["write_force"] = o.get("force", False, kind=bool)
     return cfg
+
+
+MAX_THERMAL_STEP = 0.25  # sigma per step a typical atom may move; velocity Verlet fails beyond
+
+
+def _check_thermal_speed(cfg: dict) -> None:
+    """Refuse a temperature at which a typical atom moves more than ``MAX_THERMAL_STEP``
+    sigma per step (the run would blow up a few steps in, blamed on ``time.dt``).
+
+    The initial (``system.temperature``) and the Langevin target (``integrator.temperature``)
+    temperatures are checked; the thermal speed is ``sqrt(3 T / m)`` (reduced units). The
+    temperature is blamed when even the usual ``time.dt = 0.005`` would be too long, else
+    ``time.dt``.
+    """
+    dt, mass = cfg["dt"], cfg["mass"]
+    temps = {"system.temperature": cfg.get("temperature", 0.0)}
+    if cfg["ensemble"] == "langevin":
+        temps["integrator.temperature"] = cfg["kt"]
+    for key, temp in temps.items():
+        speed = math.sqrt(3.0 * temp / mass) if temp < 1e300 else math.inf
+        if speed * dt > MAX_THERMAL_STEP:
+            blame = key if speed * 0.005 > MAX_THERMAL_STEP else "time.dt"
+            raise ConfigError(
+                blame,
+                f"{key} = {temp:g} gives atoms a thermal speed sqrt(3 T / m) = {speed:.3g} "
+                f"sigma/tau: {speed * dt:.3g} sigma per step with time.dt = {dt:g}, above "
+                f"the {MAX_THERMAL_STEP} that velocity Verlet survives; lower {key} (reduced "
+                "units, epsilon / k_B) or time.dt",
+            )
 
 
 def check_path(path, key) -> None:
