@@ -9,7 +9,7 @@ from __future__ import annotations
 from simpar.drive import GRID_MODELS, model_name, run_config, run_file
 from simpar.drive.grid import grid_setup
 
-PARTICLE_MODELS = {"lj": "simpar.particles.run", "nbody": "simpar.particles.nbody_run"}
-"""Particle models and their Python entry points (``run_config``)."""
+PARTICLE_MODELS = {"lj": "simpar.drive.lj", "nbody": "simpar.drive.nbody"}
+"""Particle models and their driver adapters (run them with ``run_config``)."""
 
 __all__ = ["GRID_MODELS", "PARTICLE_MODELS", "grid_setup", "model_name", "run_config", "run_file"]

@@ -15,7 +15,7 @@ from simpar.config import dumps
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
 from simpar.particles import lattice, md, neighbors, potentials, space
-from simpar.particles.run import run_config
+from simpar.drive import run_config
 
 F64 = jnp.float64
 

@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 
 from simpar.config import dumps
+from simpar.drive import run_config
 from simpar.errors import ConfigError
 from simpar.parallel import domain
 from simpar.parallel.hlo import collectives
 from simpar.particles import lattice, md, potentials, space
-from simpar.particles.run import run_config
 
 CELLS = (14, 7, 4)
 STEPS, CHUNK = 200, 100

@@ -16,11 +16,10 @@ import h5py
 import numpy as np
 import pytest
 
+from simpar import drive
 from simpar.cli import main
 from simpar.config import dumps
 from simpar.io import checkpoint, h5md
-from simpar.particles import nbody_run
-from simpar.particles import run as lj_run
 
 TRAJ = "particles/trajectory"
 
@@ -42,7 +41,7 @@ def lj_config(path, steps, **over):
 
 def run_lj(path, steps, engine="single", mesh=None, resume=False, run_steps=None, **over):
     cfg = lj_config(path, steps, **over)  # fresh dict: the reader fills in defaults
-    return lj_run.run_config(cfg, dumps(cfg), engine=engine, mesh=mesh, steps=run_steps,
+    return drive.run_config(cfg, dumps(cfg), engine=engine, mesh=mesh, steps=run_steps,
                              out=None, progress=False, resume=resume)  # fmt: skip
 
 
@@ -112,7 +111,7 @@ def test_lj_sharded_resume_bitwise_and_on_single_to_round_off(tmp_path):
     assert_same_frames(full, part)
     # the 8-device checkpoint (504 slots) on `single` (500 slots; 2 devices work the same way)
     cfg = lj_config(part, 40)  # the config text names the original output path
-    lj_run.run_config(cfg, dumps(cfg), engine="single", mesh=None, steps=None, out=str(one),
+    drive.run_config(cfg, dumps(cfg), engine="single", mesh=None, steps=None, out=str(one),
                       progress=False, resume=True)  # fmt: skip
     x, y = h5md.read_frame(one), h5md.read_frame(full)
     assert x["step"] == y["step"] == 40
@@ -154,7 +153,7 @@ def nbody_config(path, engine, devices):
 def test_nbody_resume_is_bitwise_on_every_engine(tmp_path, engine, devices):
     def run(path, steps=None, resume=False):
         cfg = nbody_config(path, engine, devices)
-        return nbody_run.run_config(cfg, dumps(cfg), engine=None, mesh=None, steps=steps,
+        return drive.run_config(cfg, dumps(cfg), engine=None, mesh=None, steps=steps,
                                     out=None, progress=False, resume=resume)  # fmt: skip
 
     full, part = tmp_path / "full.h5md", tmp_path / "part.h5md"

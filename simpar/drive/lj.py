@@ -1,6 +1,6 @@
 """LJ / Morse molecular dynamics in the driver (``[model] name = "lj"``).
 
-The LJ keys are read by ``simpar.particles.run.read_config`` (its module docstring lists
+The LJ keys are read by ``simpar.drive.lj_config.read_config`` (its module docstring lists
 them); the shared options (engine, mesh, steps, ``output.every`` with its default of a tenth
 of the steps, path, checkpoint) by ``simpar.drive.loop.read_options``. Engines: ``single``
 and ``sharded`` (a 1-D particle mesh) run ``simpar.particles.md``; ``pmap`` and
@@ -23,12 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar.config import Section
+from simpar.drive import lj_config
 from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
 from simpar.errors import ConfigError, SimulationError
 from simpar.io.meta import run_metadata
 from simpar.parallel import distributed
 from simpar.particles import observables, potentials, space
-from simpar.particles import run as lj_config
 
 DOMAIN_ENGINES = lj_config.DOMAIN_ENGINES
 

@@ -2,7 +2,7 @@
 
 Builds a Plummer sphere and runs it with kick-drift-kick leapfrog on one of the four engines
 of ``simpar.parallel.ring`` (one dispatch per chunk, state kept on the devices); NaN/inf are
-checked between chunks; the output is H5MD 1.1 (``simpar.particles.nbody_run.open_output``:
+checked between chunks; the output is H5MD 1.1 (``simpar.drive.nbody_output.open_output``:
 positions, velocities, masses and the observables at every frame, N-body units).
 
 Config keys (defaults in brackets; ``time.steps``, ``output.*`` and ``parallel.engine`` /
@@ -29,10 +29,10 @@ import numpy as np
 
 from simpar import precision
 from simpar.config import Section
+from simpar.drive import nbody_output as io
 from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
-from simpar.particles import nbody_run as io
 
 
 def _check_path(path, key) -> None:

@@ -54,7 +54,7 @@ the driver (``simpar.drive.loop.read_options``), the rest by :func:`read_config`
 loop is ``simpar.drive.loop`` and the LJ adapter ``simpar.drive.lj``.
 
 Restart: with each frame the complete state (``simpar.particles.checkpoint``) is written
-atomically to ``<path>.ckpt``; ``run_config(..., resume=True)`` (``simpar run --resume``)
+atomically to ``<path>.ckpt``; ``simpar.run_config(..., resume=True)`` (``simpar run --resume``)
 continues from it, appending to the same H5MD file, bit for bit equal to an uninterrupted
 run on the same engine and mesh (to round-off on another one). ``system.init = "h5md"``
 instead starts a new run from a saved frame: see ``simpar.io.h5md`` for its tolerance.
@@ -391,49 +391,3 @@ def blown_up(g: dict, th: dict, dt: float) -> str | None:
             f"step (T = {th['temperature']:.3g})"
         )
     return None
-
-
-def run_config(
-    data: dict,
-    config_text: str,
-    *,
-    engine: str | None,
-    mesh: tuple[int, ...] | None,
-    steps: int | None,
-    out: str | None,
-    progress: bool = True,
-    overwrite: bool = False,
-    resume: bool = False,
-) -> dict:
-    """Run an LJ/Morse MD config and write an H5MD trajectory (``simpar.drive``).
-
-    Args:
-      data: parsed TOML (``--set`` overrides applied).
-      config_text: the resolved config as TOML text (stored in the output).
-      engine: ``single``, ``pmap``, ``shard_map`` or ``sharded`` (None: ``parallel.engine``).
-      mesh: device grid (None: ``parallel.mesh`` or all devices; ``sharded`` is 1-D).
-      steps: overrides ``time.steps``.
-      out: overrides ``output.path``.
-      progress: show a progress bar / log lines and a thermo row per frame (stderr).
-      overwrite: replace an existing output file (else ``ConfigError`` on ``--out``).
-      resume: continue from ``<out>.ckpt`` up to ``steps`` steps after the run's first
-        step, appending to the output (only ``time.steps`` may differ from the original
-        config). ``initial`` and ``energy_drift`` then refer to the resumed state.
-
-    Returns:
-      The run summary (``simpar.io.meta.run_summary``, the same keys for every model):
-      ``initial`` / ``final`` are the thermo values at the first and last step, ``rate``
-      is in atom-steps/s, ``details`` holds ``n_atoms``, ``energy_drift`` (final minus
-      initial total energy per atom), ``regrows``, ``neighbor_builds`` and ``ghost_hops``
-      (per axis on pmap/shard_map, else None).
-
-    Raises:
-      ConfigError: invalid config (no output file is created).
-      SimulationError: NaN / unrepairable overflow, naming the step and what to change.
-    """
-    from simpar.drive import run_model
-
-    return run_model(
-        "lj", data, config_text, engine=engine, mesh=mesh, steps=steps, out=out,
-        progress=progress, overwrite=overwrite, resume=resume,
-    )  # fmt: skip

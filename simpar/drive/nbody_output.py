@@ -1,4 +1,4 @@
-"""N-body output layout (H5MD) and the ``run_config`` entry point (``[model] name = "nbody"``).
+"""N-body output layout (H5MD) of ``[model] name = "nbody"`` runs.
 
 The run itself goes through the driver (``simpar.drive``; the N-body adapter with the config
 keys is ``simpar.drive.nbody``). This module keeps what is N-body specific in the file:
@@ -10,12 +10,10 @@ masses, and observables at every frame: ``kinetic_energy``, ``potential_energy``
 ``[T, 3]`` (whole-system totals). Run metadata and physics parameters are attributes of
 ``/parameters`` (with ``run_status``: running / complete / failed: <reason>).
 
-Units are N-body units (G = M = 1, E = -1/4 for the Plummer sphere). Following
-``simpar.io.h5md``'s convention, position/velocity/time ``unit`` attributes name
-MDAnalysis's base units ("A", "ps"), so ``MDAnalysis.Universe(path)`` opens the file and
-returns the stored numbers unconverted; ``/h5md/modules/units`` ``system = "nbody"``,
-``reduced_unit`` attributes (``L``, ``L T-1``, ``T``) and the observables' ``unit`` say
-what they really are.
+Units are N-body units (G = M = 1, E = -1/4 for the Plummer sphere). Position, velocity,
+time and box carry no ``unit`` attribute (reduced units, see ``simpar.io.h5md``);
+``/h5md/modules/units`` ``system = "nbody"``, ``reduced_unit`` attributes (``L``,
+``L T-1``, ``T``) and the observables' ``unit`` say what they are.
 
 Restart: with each frame the whole state (positions, velocities, accelerations, masses,
 step; ``simpar.particles.checkpoint``) is written atomically to ``<path>.ckpt``;
@@ -33,7 +31,7 @@ import numpy as np
 from simpar.io.h5md import H5MDWriter
 from simpar.particles.nbody import Observables
 
-__all__ = ["observable_values", "open_output", "run_config"]
+__all__ = ["observable_values", "open_output"]
 
 _OBSERVABLES = (
     "kinetic_energy",
@@ -119,48 +117,3 @@ def open_output(
         key=key,
         unit_system="nbody",
     )
-
-
-def run_config(
-    data: dict,
-    config_text: str,
-    *,
-    engine: str | None,
-    mesh: tuple[int, ...] | None,
-    steps: int | None,
-    out: str | None,
-    progress: bool = True,
-    overwrite: bool = False,
-    resume: bool = False,
-) -> dict:
-    """Run an N-body config and write its H5MD output (``simpar.drive``).
-
-    Args:
-      data: the parsed config table (keys: ``simpar.drive.nbody``).
-      config_text: the resolved config as TOML text (stored in the output).
-      engine: engine to use; "" or None means ``parallel.engine`` from the config.
-      mesh: device ring as a 1-tuple ``(n,)``; None means ``parallel.devices``
-        (``--engine single`` ignores the config's device count).
-      steps: number of steps; None means ``time.steps``.
-      out: output path; None means ``output.path``.
-      progress: show a progress bar / log lines.
-      overwrite: replace an existing output file.
-      resume: continue from ``<out>.ckpt``, appending to the output (only ``time.steps``
-        may differ from the original config).
-
-    Returns:
-      The run summary (``simpar.io.meta.run_summary``, the same keys for every model):
-      ``initial`` / ``final`` observables (energies, virial ratio, momenta), ``rate`` in
-      pair interactions/s, ``mesh = [devices]``, and ``details`` with ``n``, the initial
-      energy, the max relative energy error over the frames and the max |total momentum|.
-
-    Raises:
-      ConfigError: invalid config or options (raised before any file is created).
-      SimulationError: NaN/inf detected; the output keeps every frame written before.
-    """
-    from simpar.drive import run_model
-
-    return run_model(
-        "nbody", data, config_text, engine=engine or None, mesh=mesh, steps=steps, out=out,
-        progress=progress, overwrite=overwrite, resume=resume,
-    )  # fmt: skip
