@@ -52,6 +52,13 @@ REAL = Layout(False)
 FOURIER = Layout(True)
 
 
+def _each(layouts, fn):
+    """``fn`` of one layout (a :class:`Layout` or ``None``), or of each in a tuple of them."""
+    if layouts is None or isinstance(layouts, Layout):
+        return fn(layouts)
+    return tuple(fn(o) for o in layouts)
+
+
 class SpectralEngine:
     """Transforms and mapped programs of one spectral grid on one engine.
 
@@ -159,11 +166,7 @@ class SpectralEngine:
         donate_argnums = (0,) if donate else ()
         if self.engine == "pmap":
             axes = lambda ls: None if ls is None else 0  # noqa: E731
-            out_axes = (
-                tuple(axes(o) for o in out_layouts)
-                if isinstance(out_layouts, tuple)
-                else axes(out_layouts)
-            )
+            out_axes = _each(out_layouts, axes)
             return blocks.pmap(
                 fn,
                 self.devices,
@@ -179,22 +182,14 @@ class SpectralEngine:
                     return blocks.sharding(self.mesh).spec
                 return self.plan.spec(ls.fourier, ls.nlead)
 
-            out_specs = (
-                tuple(spec(o) for o in out_layouts)
-                if isinstance(out_layouts, tuple)
-                else spec(out_layouts)
-            )
+            out_specs = _each(out_layouts, spec)
             # reduced (replicated) values meet per-block ones: the varying-axes check is off
             mapped = blocks.shard_map(
                 fn, self.mesh, tuple(spec(ls) for ls in in_layouts), out_specs, check_vma=False
             )
             return jax.jit(mapped, donate_argnums=donate_argnums)
         if self.engine == "sharded":
-            out_shardings = (
-                tuple(self._sharding(o) for o in out_layouts)
-                if isinstance(out_layouts, tuple)
-                else self._sharding(out_layouts)
-            )
+            out_shardings = _each(out_layouts, self._sharding)
             return jax.jit(fn, out_shardings=out_shardings, donate_argnums=donate_argnums)
         return jax.jit(fn, donate_argnums=donate_argnums)
 
