@@ -1,26 +1,35 @@
-"""``spectral_ns`` (pseudo-spectral 2-D incompressible flow) in the driver.
+"""``spectral_ns`` (pseudo-spectral incompressible flow, 2-D and 3-D) in the driver.
 
 :func:`plan` reads the model's config (``[grid] shape, length, dtype``; ``[physics]
 viscosity, drag, scheme``; ``[forcing] kind, amplitude, wavenumber``; ``[initial] kind`` and
-its keys; ``time.dt``; ``output.fields``), builds the initial vorticity on the host, checks
-the time step against the advective CFL limit (and, for ``rk4``, the viscous one) and the mesh
+its keys; ``time.dt``; ``output.fields``), builds the initial field on the host, checks the
+time step against the advective CFL limit (and, for ``rk4``, the viscous one) and the mesh
 against the FFT's transposes. The shared options (engine, mesh, steps, ``output.every``, path,
 checkpoint) come from ``simpar.drive.loop.read_options``. :class:`SpectralRun` maps the
-physics of ``simpar.grid.spectral_ns`` over the devices with
-``simpar.parallel.spectral_engine.SpectralEngine``.
+physics over the devices with ``simpar.parallel.spectral_engine.SpectralEngine``:
 
-**State** on the devices: the vorticity's Fourier coefficients ``omega_hat`` (complex, in the
-plan's Fourier layout). **Output** (``simpar.io.netcdf.GridWriter``, netCDF4/HDF5 + XDMF
-sidecar): ``vorticity``, ``u``, ``v`` as ``(time, y, x)`` at the grid points ``x_i = i L_x /
-N_x`` (where the spectral solution is sampled), and the diagnostics ``energy``,
-``enstrophy``, ``max_speed``, ``cfl`` as ``(time,)`` and the shell-summed energy spectrum
-``spectrum(time, k)`` with the coordinate ``k`` (shell centres, 1/m).
+- 2-D (``grid.shape = [N_x, N_y]``): ``simpar.grid.spectral_ns``, vorticity-streamfunction;
+  ``initial.kind`` ``"taylor_green"`` (``wavenumber``, ``amplitude``) or ``"random"``
+  (``seed``, ``peak_wavenumber``, ``energy``).
+- 3-D (``[N_x, N_y, N_z]``): ``simpar.grid.spectral_ns3d``, velocity form; ``initial.kind``
+  ``"taylor_green"`` or ``"abc"`` (``a``, ``b``, ``c``; a 2 pi cube), both scaled by
+  ``amplitude`` (``wavenumber`` may only be 1).
+
+**State** on the devices: the Fourier coefficients (2-D: vorticity ``omega_hat``; 3-D:
+velocity ``u_hat``, 3 components), complex, in the plan's Fourier layout. **Output**
+(``simpar.io.netcdf.GridWriter``, netCDF4/HDF5 + XDMF sidecar): ``vorticity`` (2-D) or
+``vorticity_x, _y, _z`` (3-D) and ``u, v[, w]`` as ``(time, [z,] y, x)`` at the grid points
+``x_i = i L_x / N_x`` (where the spectral solution is sampled); the diagnostics of
+``diagnostics()`` (``energy``, ``enstrophy``, ``max_speed``, ``cfl``; 3-D also ``helicity``
+and ``divergence_bound``) as ``(time,)``; the shell-summed energy spectrum
+``spectrum(time, k)`` with the coordinate ``k`` (shell centres ``n 2 pi / max(L)``, 1/m).
 
 **Checkpoints** hold the Fourier state itself, so ``--resume`` continues bit for bit on the
-same engine: ``vorticity_hat_re`` and ``vorticity_hat_im``, float ``(N_x, N_y // 2 + 1)``, the
-real and imaginary parts of ``rfft2(omega)`` (unnormalised, 2/3-truncated; without the
-per-mesh zero padding of the half axis, so a checkpoint also resumes on another engine or
-mesh, then equal to round-off).
+same engine: ``vorticity_hat_re``/``_im`` ``(N_x, N_y // 2 + 1)`` (2-D) or
+``velocity_hat_re``/``_im`` ``(3, N_x, N_y, N_z // 2 + 1)`` (3-D), float, the real and
+imaginary parts of the unnormalised, 2/3-truncated ``rfftn`` without the per-mesh zero padding
+of the half axis (so a checkpoint also resumes on another engine or mesh, then equal to
+round-off).
 
 Units are SI (``m``, ``s``; any consistent set works: the experiments use a ``2 pi`` box).
 """
@@ -28,6 +37,8 @@ Units are SI (``m``, ``s``; any consistent set works: the experiments use a ``2 
 from __future__ import annotations
 
 import math
+from types import ModuleType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,8 +47,9 @@ from simpar.config import Section
 from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
 from simpar.errors import ConfigError
 from simpar.grid import spectral_ns as S
+from simpar.grid import spectral_ns3d as S3
 from simpar.io.netcdf import GridWriter
-from simpar.parallel.spectral_engine import FOURIER, REAL, Layout, SpectralEngine
+from simpar.parallel.spectral_engine import Layout, SpectralEngine
 
 CFL_LIMIT = 1.0
 """Largest ``dt (max|u| / dx + max|v| / dy)`` of the initial field accepted (RK4's advective
@@ -48,17 +60,45 @@ RK4_VISCOUS_LIMIT = 2.78
 
 FIELDS = ("vorticity", "velocity")
 _UNITS = {
-    "vorticity": ("s-1", "vorticity (z component)"),
+    "vorticity": ("s-1", "vorticity"),
     "u": ("m s-1", "velocity x component"),
     "v": ("m s-1", "velocity y component"),
+    "w": ("m s-1", "velocity z component"),
     "energy": ("m2 s-2", "kinetic energy per unit mass, domain mean"),
     "enstrophy": ("s-2", "enstrophy (half the mean squared vorticity)"),
+    "helicity": ("m s-2", "helicity, domain mean of u . omega"),
+    "divergence_bound": ("s-1", "bound on max |div u| (round-off for a valid state)"),
     "max_speed": ("m s-1", "largest speed on the grid"),
-    "cfl": ("1", "advective CFL number dt (max|u|/dx + max|v|/dy)"),
+    "cfl": ("1", "advective CFL number dt sum_a max|u_a| / dx_a"),
     "spectrum": ("m2 s-2", "kinetic energy in the wavenumber shell"),
 }
-_STATE = ("vorticity_hat_re", "vorticity_hat_im")
-VELOCITY = Layout(False, 1)  # (2, *grid): u, v in the real-space layout
+INITIAL = {2: ("taylor_green", "random"), 3: ("taylor_green", "abc")}
+"""``initial.kind`` choices per grid dimension."""
+
+
+class _Form(NamedTuple):
+    """The 2-D (vorticity) or 3-D (velocity) form of the physics, as the adapter calls it."""
+
+    module: ModuleType  # spectral_ns or spectral_ns3d
+    state: str  # checkpoint name stem of the Fourier state
+    nlead: int  # component axes of the state: 0 (omega_hat) or 1 (u_hat, 3 components)
+    vorticity: tuple[str, ...]  # output variable names of the vorticity components
+    velocity: tuple[str, ...]
+
+    def to_state(self, x, p, ops):
+        return self.module.to_state(x, ops) if self.nlead == 0 else S3.to_state(x, p, ops)
+
+    def fields(self, st, p, ops):
+        """(vorticity, velocity) on the grid: ``(*grid)`` or ``(3, *grid)``, and ``(d, *grid)``."""
+        if self.nlead == 0:
+            return S.to_physical(st, ops), S.velocity(st, p, ops)
+        return S3.vorticity(st, p, ops), S3.to_physical(st, ops)
+
+
+_FORMS = {
+    2: _Form(S, "vorticity_hat", 0, ("vorticity",), ("u", "v")),
+    3: _Form(S3, "velocity_hat", 1, ("vorticity_x", "vorticity_y", "vorticity_z"), ("u", "v", "w")),
+}
 
 
 def _check_path(path, key) -> None:
@@ -69,9 +109,19 @@ def _check_path(path, key) -> None:
 
 
 def _initial(cfg: Section, shape, length, dtype) -> tuple[np.ndarray, int | None]:
-    """The initial vorticity ``(N_x, N_y)`` (host, ``dtype``, 1/s) and the seed (or None)."""
+    """The initial field on the host and the seed (or None): 2-D the vorticity ``(N_x, N_y)``
+    (1/s), 3-D the velocity ``(3, N_x, N_y, N_z)`` (m/s); NumPy, ``dtype``."""
     ini = cfg.section("initial")
-    kind = ini.get("kind", "taylor_green", kind=str, choices=("taylor_green", "random"))
+    kind = ini.get("kind", "taylor_green", kind=str, choices=INITIAL[len(shape)])
+    if len(shape) == 3:  # the 3-D fields have wavenumber 1 along every axis
+        ini.get("wavenumber", 1, kind=int, min=1, max=1)
+        amp = ini.get("amplitude", 1.0)
+        if kind == "taylor_green":
+            return S3.taylor_green(shape, length, amp, dtype=dtype), None
+        if not np.allclose(length, 2 * math.pi, rtol=1e-12):
+            raise ConfigError("grid.length", f"the ABC flow needs a 2 pi cube, got {length}")
+        abc = [amp * ini.get(k, d) for k, d in (("a", 1.0), ("b", 0.7), ("c", 0.4))]
+        return S3.abc_flow(shape, *abc, dtype=dtype), None
     if kind == "taylor_green":
         n = ini.get("wavenumber", 1, kind=int, min=1)
         if 3 * n >= min(shape):
@@ -88,16 +138,17 @@ def _initial(cfg: Section, shape, length, dtype) -> tuple[np.ndarray, int | None
     return w.astype(dtype), seed
 
 
-def _host_cfl(w: np.ndarray, length, dt: float) -> float:
-    """``dt (max|u| / dx + max|v| / dy)`` of a host vorticity field (NumPy FFTs)."""
-    n0, n1 = w.shape
-    kx = 2 * math.pi * np.fft.fftfreq(n0, 1.0 / n0)[:, None] / length[0]
-    ky = 2 * math.pi * np.fft.rfftfreq(n1, 1.0 / n1)[None, :] / length[1]
-    k2 = kx * kx + ky * ky
-    psi = np.fft.rfft2(w.astype(np.float64)) / np.where(k2 == 0, 1, k2)
-    u = np.fft.irfft2(1j * ky * psi, s=(n0, n1))
-    v = np.fft.irfft2(-1j * kx * psi, s=(n0, n1))
-    return dt * (np.abs(u).max() * n0 / length[0] + np.abs(v).max() * n1 / length[1])
+def _host_cfl(x: np.ndarray, length, dt: float) -> float:
+    """``dt sum_a max|u_a| / dx_a`` of a host initial field (2-D vorticity: NumPy FFTs)."""
+    if x.ndim == 2:
+        n0, n1 = x.shape
+        kx = 2 * math.pi * np.fft.fftfreq(n0, 1.0 / n0)[:, None] / length[0]
+        ky = 2 * math.pi * np.fft.rfftfreq(n1, 1.0 / n1)[None, :] / length[1]
+        k2 = kx * kx + ky * ky
+        psi = np.fft.rfft2(x.astype(np.float64)) / np.where(k2 == 0, 1, k2)
+        x = np.stack([np.fft.irfft2(c * psi, s=(n0, n1)) for c in (1j * ky, -1j * kx)])
+    dx = [L / n for L, n in zip(length, x.shape[1:], strict=True)]
+    return dt * sum(np.abs(x[a]).max() / dx[a] for a in range(len(dx)))
 
 
 class SpectralPlan(Plan):
@@ -105,8 +156,10 @@ class SpectralPlan(Plan):
 
     Attributes:
       common: the shared options; model, engine, mesh, dtype: for the metadata and summary.
-      shape, length: the grid ``(N_x, N_y)`` (cells) and box ``(L_x, L_y)`` (m).
-      w0: initial vorticity, host ``(N_x, N_y)`` of ``dtype``, 1/s.
+      shape, length: the grid ``(N_x, N_y[, N_z])`` (cells) and box (m).
+      form: the 2-D vorticity or the 3-D velocity form (``simpar.grid.spectral_ns[3d]``).
+      x0: initial field, host: 2-D vorticity ``(N_x, N_y)`` (1/s), 3-D velocity
+        ``(3, N_x, N_y, N_z)`` (m/s), of ``dtype``.
       nu, drag, dt, scheme, forcing: the physics (``spectral_ns.make_params``).
       fields: output fields (``vorticity``, ``velocity``).
       eng: the ``SpectralEngine`` (mesh checked against the transposes).
@@ -118,14 +171,10 @@ class SpectralPlan(Plan):
         cfg.section("model", required=True).get("name", kind=str, choices=("spectral_ns",))
         g = cfg.section("grid", required=True)
         self.shape = tuple(g.get("shape", kind=int, length=(2, 3), min=2))
-        if len(self.shape) == 3:
-            raise ConfigError(
-                g.key("shape"),
-                "spectral_ns runs 2-D grids in the driver; the 3-D velocity form "
-                "(simpar.grid.spectral_ns3d) is available from Python only",
-            )
+        d = len(self.shape)
+        self.form = _FORMS[d]
         self.length = tuple(
-            g.get("length", [2 * math.pi] * 2, length=2, min=0.0, exclusive_min=True)
+            g.get("length", [2 * math.pi] * d, length=d, min=0.0, exclusive_min=True)
         )
         self.dtype = g.get("dtype", "float32", kind=str, choices=("float32", "float64"))
         precision.require(self.dtype, g.key("dtype"))
@@ -144,7 +193,7 @@ class SpectralPlan(Plan):
                 f"{self.shape[1]}",
             )
         self.forcing = (amp, n_f)
-        self.w0, self.seed = _initial(cfg, self.shape, self.length, np.dtype(self.dtype))
+        self.x0, self.seed = _initial(cfg, self.shape, self.length, np.dtype(self.dtype))
         t = cfg.section("time")
         self.dt = t.get("dt", min=0.0, exclusive_min=True)
         o = cfg.section("output")
@@ -165,12 +214,12 @@ class SpectralPlan(Plan):
         self.mesh = tuple(self.eng.plan.mesh)
 
     def _check_dt(self, key: str) -> None:
-        cfl = _host_cfl(self.w0, self.length, self.dt)
+        cfl = _host_cfl(self.x0, self.length, self.dt)
         if not cfl <= CFL_LIMIT:
             raise ConfigError(
                 key,
                 f"dt = {self.dt:g} gives an advective CFL number of {cfl:.3g} for the initial "
-                f"field (dt (max|u|/dx + max|v|/dy)); the limit is {CFL_LIMIT}: use dt <= "
+                f"field (dt sum_a max|u_a| / dx_a); the limit is {CFL_LIMIT}: use dt <= "
                 f"{self.dt * CFL_LIMIT / cfl:.3g}",
             )
         if self.scheme == "rk4":
@@ -195,13 +244,19 @@ class SpectralPlan(Plan):
             forcing_wavenumber=n_f, dtype=np.dtype(self.dtype),
         )  # fmt: skip
 
-    def state_shape(self) -> tuple[int, int]:
-        """Shape of the checkpointed Fourier state ``(N_x, N_y // 2 + 1)``."""
-        return (self.shape[0], self.shape[1] // 2 + 1)
+    def state_shape(self) -> tuple[int, ...]:
+        """Shape of the checkpointed Fourier state: ``(N_x, N_y // 2 + 1)`` (2-D) or
+        ``(3, N_x, N_y, N_z // 2 + 1)`` (3-D)."""
+        lead = (3,) * self.form.nlead
+        return lead + self.shape[:-1] + (self.shape[-1] // 2 + 1,)
+
+    def state_names(self) -> tuple[str, str]:
+        """The checkpoint arrays: real and imaginary part of the Fourier state."""
+        return (f"{self.form.state}_re", f"{self.form.state}_im")
 
     def check_resume(self, ck: dict, ck_step: int) -> int:
         """Check the checkpoint's Fourier state against the grid; the run starts at step 0."""
-        for name in _STATE:
+        for name in self.state_names():
             a = ck.get(name)
             if a is None or a.shape != self.state_shape() or a.dtype != np.dtype(self.dtype):
                 got = None if a is None else f"{a.shape} {a.dtype}"
@@ -224,42 +279,45 @@ class SpectralRun(Run):
     def __init__(self, plan: SpectralPlan):
         import jax.numpy as jnp
 
-        self.plan, eng = plan, plan.eng
+        self.plan, eng, form = plan, plan.eng, plan.form
         self.eng = eng
         ops, comm = eng.ops, eng.comm
         scheme = plan.scheme
         self.desc = f"spectral_ns/{plan.engine}"
         self.params = plan.params()
+        self.state_layout = state = Layout(True, form.nlead)
+        self.out_layouts = (Layout(False, form.nlead), Layout(False, 1))
 
-        def observe(w_hat, p):
-            d = S.diagnostics(w_hat, p, ops, comm)
-            bad = jnp.sum(~jnp.isfinite(w_hat)).astype(jnp.int32)
+        def observe(st, p):
+            d = form.module.diagnostics(st, p, ops, comm)
+            bad = jnp.sum(~jnp.isfinite(st)).astype(jnp.int32)
             d["nonfinite"] = bad if comm is None else comm.psum(bad)
             return d
 
-        def fields(w_hat, p):
-            return S.to_physical(w_hat, ops), S.velocity(w_hat, p, ops)
-
-        self._observe = eng.map(observe, (FOURIER, None), None)
-        self._fields = eng.map(fields, (FOURIER, None), (REAL, VELOCITY))
+        self._observe = eng.map(observe, (state, None), None)
+        self._fields = eng.map(
+            lambda st, p: form.fields(st, p, ops), (state, None), self.out_layouts
+        )
         self._advance = eng.map(
-            lambda w, p, n: S.advance(w, p, ops, n, scheme), (FOURIER, None, None), FOURIER,
-            donate=True,
+            lambda st, p, n: form.module.advance(st, p, ops, n, scheme), (state, None, None),
+            state, donate=True,
         )  # fmt: skip
         if plan.ck is None:
-            to_state = eng.map(lambda w: S.to_state(w, ops), (REAL,), FOURIER)
-            self.state = to_state(eng.place(plan.w0, REAL))
+            real = Layout(False, form.nlead)
+            to_state = eng.map(lambda x, p: form.to_state(x, p, ops), (real, None), state)
+            self.state = to_state(eng.place(plan.x0, real), self.params)
         else:
-            ck = plan.ck
-            w = (ck[_STATE[0]] + 1j * ck[_STATE[1]]).astype(np.result_type(plan.dtype, 1j))
-            pad = eng.plan.fourier_shape[-1] - w.shape[-1]
-            self.state = eng.place(np.pad(w, [(0, 0), (0, pad)]), FOURIER)
+            re, im = (plan.ck[n] for n in plan.state_names())
+            st = (re + 1j * im).astype(np.result_type(plan.dtype, 1j))
+            pad = eng.plan.fourier_shape[-1] - st.shape[-1]
+            self.state = eng.place(np.pad(st, [(0, 0)] * (st.ndim - 1) + [(0, pad)]), state)
 
     def observe(self) -> dict:
         d = self._observe(self.state, self.params)
         return {k: self.eng.gather(v, None) for k, v in d.items()}
 
     def initial_problem(self, obs) -> None:
+        self.obs0 = obs  # its keys name the diagnostics' variables in a new file
         if int(obs["nonfinite"]) > 0:
             raise ConfigError(
                 "initial", f"the initial state has {int(obs['nonfinite'])} non-finite values"
@@ -285,25 +343,29 @@ class SpectralRun(Run):
         return {"E": f"{float(obs['energy']):.4g}", "CFL": f"{float(obs['cfl']):.2f}"}
 
     def snapshot(self):
-        w, uv = self._fields(self.state, self.params)
-        w_hat = self.eng.gather(self.state, FOURIER)[:, : self.plan.state_shape()[1]]
+        vort, vel = self._fields(self.state, self.params)
+        st = self.eng.gather(self.state, self.state_layout)[..., : self.plan.shape[-1] // 2 + 1]
         return {
-            "vorticity": self.eng.gather(w, REAL),
-            "velocity": self.eng.gather(uv, VELOCITY),
-            "w_hat": w_hat,
+            "vorticity": self.eng.gather(vort, self.out_layouts[0]),
+            "velocity": self.eng.gather(vel, self.out_layouts[1]),
+            "state": st,
         }
 
     def checkpoint_state(self, snap, step) -> dict:
-        w = snap["w_hat"]
-        return {_STATE[0]: np.ascontiguousarray(w.real), _STATE[1]: np.ascontiguousarray(w.imag)}
+        st = snap["state"]
+        re, im = self.plan.state_names()
+        return {re: np.ascontiguousarray(st.real), im: np.ascontiguousarray(st.imag)}
+
+    def _names(self) -> dict[str, tuple[str, ...]]:
+        """Output field -> its variables (``vorticity``: 1 or 3 components; ``velocity``)."""
+        form = self.plan.form
+        return {f: getattr(form, f) for f in FIELDS if f in self.plan.fields}
 
     def _values(self, snap, obs) -> dict:
         out = {}
-        if "vorticity" in self.plan.fields:
-            out["vorticity"] = np.transpose(snap["vorticity"])
-        if "velocity" in self.plan.fields:
-            out["u"] = np.transpose(snap["velocity"][0])
-            out["v"] = np.transpose(snap["velocity"][1])
+        for f, names in self._names().items():
+            x = snap[f].reshape((len(names),) + self.plan.shape)
+            out.update({n: np.transpose(x[i]) for i, n in enumerate(names)})  # (z,) y, x
         out.update({k: v for k, v in obs.items() if k != "nonfinite"})
         return out
 
@@ -312,18 +374,24 @@ class SpectralRun(Run):
 
         if resume_step is not None:
             return SpectrumWriter.open_existing(path, step=resume_step, xdmf_min_interval=2.0)
-        p = self.plan
+        p, obs = self.plan, self.obs0
+        axes = ("x", "y", "z")[: len(p.shape)]
         step_coord = {"coordinates": "step"}
         variables = {}
-        for f in self._values_names():
-            units, long_name = _UNITS[f]
-            variables[f] = {
-                "dims": ("time", "y", "x"), "dtype": p.dtype, "units": units,
-                "long_name": long_name, "attrs": step_coord,
-            }  # fmt: skip
-        for f in ("energy", "enstrophy", "max_speed", "cfl"):
-            units, long_name = _UNITS[f]
-            variables[f] = {
+        for names in self._names().values():
+            for n in names:
+                units, long_name = _UNITS.get(n, _UNITS["vorticity"])
+                if n.startswith("vorticity_"):
+                    long_name = f"vorticity {n[-1]} component"
+                variables[n] = {
+                    "dims": ("time", *reversed(axes)), "dtype": p.dtype, "units": units,
+                    "long_name": long_name, "attrs": step_coord,
+                }  # fmt: skip
+        for n in obs:
+            if n in ("nonfinite", "spectrum"):
+                continue
+            units, long_name = _UNITS[n]
+            variables[n] = {
                 "dims": ("time",), "dtype": "float64", "units": units, "long_name": long_name,
                 "attrs": step_coord,
             }  # fmt: skip
@@ -331,6 +399,7 @@ class SpectralRun(Run):
             p.config_text, engine=p.engine, mesh=p.mesh, dtype=p.dtype, seed=p.seed,
             model=p.model,
         )  # fmt: skip
+        re, im = p.state_names()
         attrs.update(
             {
                 "dt": float(p.dt),
@@ -338,26 +407,19 @@ class SpectralRun(Run):
                 "scheme": p.scheme,
                 "grid_shape": np.asarray(p.shape, np.int32),
                 "grid_length": np.asarray(p.length, np.float64),
-                "state": "vorticity_hat (Fourier, 2/3 rule); checkpoints hold rfft2 re/im",
+                "checkpoint_state": f"{re}, {im}: rfftn of the state, 2/3-truncated",
             }
         )
-        coords = {
-            "y": np.arange(p.shape[1]) * (p.length[1] / p.shape[1]),
-            "x": np.arange(p.shape[0]) * (p.length[0] / p.shape[0]),
-        }
-        k = S.shell_wavenumbers(self.eng.ops, p.length)
+        # the grid points x_i = i L / N, where the spectral solution is sampled
+        coords = {a: np.arange(p.shape[i]) * (p.length[i] / p.shape[i]) for i, a in enumerate(axes)}
+        coords = dict(reversed(coords.items()))  # (z,) y, x
+        k = np.arange(p.form.module.n_shells(self.eng.ops)) * (2 * math.pi / max(p.length))
         units, long_name = _UNITS["spectrum"]
         return SpectrumWriter.create(
             path, k=k, spectrum={"units": units, "long_name": long_name, "attrs": step_coord},
             coords=coords, variables=variables, attrs=attrs, overwrite=overwrite,
             xdmf_min_interval=2.0, time_units="s", length_units="m", key=key,
         )  # fmt: skip
-
-    def _values_names(self) -> tuple[str, ...]:
-        f = self.plan.fields
-        return (("vorticity",) if "vorticity" in f else ()) + (
-            ("u", "v") if "velocity" in f else ()
-        )
 
     def write_frame(self, writer, step, snap, obs) -> None:
         writer.append(step * self.plan.dt, step, self._values(snap, obs))
