@@ -308,7 +308,7 @@ class SpectralRun(Run):
             self.state = to_state(eng.place(plan.x0, real), self.params)
         else:
             re, im = (plan.ck[n] for n in plan.state_names())
-            st = (re + 1j * im).astype(np.result_type(plan.dtype, 1j))
+            st = (re + 1j * im).astype(np.complex64 if plan.dtype == "float32" else np.complex128)
             pad = eng.plan.fourier_shape[-1] - st.shape[-1]
             self.state = eng.place(np.pad(st, [(0, 0)] * (st.ndim - 1) + [(0, pad)]), state)
 
@@ -333,8 +333,8 @@ class SpectralRun(Run):
         if bad == 0:
             return None
         return (
-            f"{bad} non-finite Fourier coefficients of the vorticity after step {step} "
-            f"(time.dt = {self.plan.dt:g}, physics.viscosity = {self.plan.nu:g})",
+            f"{bad} non-finite Fourier coefficients of the {self.plan.form.state} after step "
+            f"{step} (time.dt = {self.plan.dt:g}, physics.viscosity = {self.plan.nu:g})",
             "The flow outran the time step: reduce time.dt (keep the CFL number written in the "
             "output below about 1) or raise physics.viscosity",
         )
