@@ -229,14 +229,14 @@ def test_abc_flow_in_3d_decays_exactly_through_the_cli(tmp_path):
 
 
 def test_3d_every_engine_equals_single_through_the_cli(tmp_path):
-    """3-D Taylor-Green (nonlinear: it transitions) on a slab (8,) and a pencil (2, 4)."""
+    """3-D Taylor-Green (nonlinear: it transitions) on a pencil (2, 4) and a slab (8,)."""
     sets = [*CUBE, "physics.viscosity=0.02", "time.dt=0.05"]
     code, _, err = _run(TG, tmp_path / "single.nc", sets=sets, steps=6, every=3)
     assert code == 0, err
     with _open(tmp_path / "single.nc") as ref:
         ref = ref.load()
     assert np.abs(ref.w.values[-1]).max() > 1e-4  # w = 0 at t = 0: the nonlinear term acts
-    for engine, mesh in (("pmap", "2x4"), ("shard_map", "8"), ("sharded", "2x4")):
+    for engine, mesh in (("shard_map", "2x4"), ("sharded", "8")):  # pmap: 2-D test
         out = tmp_path / f"{engine}.nc"
         extra = ("--engine", engine, "--mesh", mesh)
         code, _, err = _run(TG, out, *extra, sets=sets, steps=6, every=3)
