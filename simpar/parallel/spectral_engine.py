@@ -77,6 +77,16 @@ class SpectralEngine:
     Raises:
       ConfigError: on ``key`` when the mesh does not divide the grid or its transposes, or
         asks for more devices than there are.
+
+    Example (the chunk program of ``simpar.drive.spectral``)::
+
+        eng = SpectralEngine("pmap", (64, 64), (2, 4))
+        to_state = eng.map(lambda w: S.to_state(w, eng.ops), (REAL,), FOURIER)
+        chunk = eng.map(lambda w, p, n: S.advance(w, p, eng.ops, n), (FOURIER, None, None),
+                        FOURIER, donate=True)
+        w_hat = chunk(to_state(eng.place(w0, REAL)), params, jnp.asarray(100))
+        w = eng.gather(eng.map(lambda w: S.to_physical(w, eng.ops), (FOURIER,), REAL)(w_hat),
+                       REAL)  # host (64, 64)
     """
 
     def __init__(
