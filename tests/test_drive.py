@@ -39,6 +39,7 @@ MODELS = {  # name: (config, output suffix, --set overrides at tiny size)
     "heat_ensemble": ("experiments/heat_ensemble.toml", "nc", GRID16),
     "lj": ("experiments/lj_melt.toml", "h5md", ["system.cells=[4,4,4]"]),
     "nbody": ("experiments/nbody_plummer.toml", "h5md", ["particles.n=32"]),
+    "spectral_ns": ("experiments/taylor_green.toml", "nc", GRID16),
 }
 
 

@@ -2,8 +2,9 @@
 
 - ``simpar.drive.loop``: options resolved once, the default mesh, the chunk loop (frames,
   checkpoints, signals, progress, ``run_status``, the summary).
-- ``simpar.drive.grid``, ``.lj``, ``.nbody``: the model adapters (a *plan*: the validated
-  config, nothing on the devices; a *run*: advance, observe, snapshot, checkpoint, problems).
+- ``simpar.drive.grid``, ``.lj``, ``.nbody``, ``.spectral``: the model adapters (a *plan*:
+  the validated config, nothing on the devices; a *run*: advance, observe, snapshot,
+  checkpoint, problems).
 
 Adding a model family means adding an adapter module and a line in ``ADAPTERS``.
 """
@@ -22,6 +23,7 @@ ADAPTERS = {
     **{name: "simpar.drive.grid" for name in GRID_MODELS},
     "lj": "simpar.drive.lj",
     "nbody": "simpar.drive.nbody",
+    "spectral_ns": "simpar.drive.spectral",
 }
 """``[model] name`` -> the adapter module (``plan(cfg, options, config_text)``)."""
 
