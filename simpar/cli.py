@@ -47,20 +47,21 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_INVALID)
 
 
-# listed in `simpar run --help` (kept equal to simpar.run's GRID_MODELS and PARTICLE_MODELS
-# by tests/test_api.py; importing simpar.run here would start JAX before --devices is set)
+# listed in `simpar run --help` (kept equal to the driver's ADAPTERS by tests/test_api.py;
+# importing simpar.drive here would start JAX before --devices is set)
 MODELS = {
     "heat": "diffusion (explicit finite differences)",
     "wave": "the wave equation (leapfrog)",
     "advection": "upwind / MUSCL advection of a scalar",
     "gray_scott": "Gray-Scott reaction-diffusion",
     "lbm": "lattice Boltzmann D2Q9 / D3Q19 (lid-driven cavity, shear waves)",
+    "spectral_ns": "pseudo-spectral incompressible flow, 2-D / 3-D (distributed FFT)",
     "lj": "Lennard-Jones / Morse molecular dynamics (H5MD output)",
     "nbody": "gravitational N-body, Plummer sphere (H5MD output)",
 }
 RUN_EPILOG = (
     "models ([model] name in the config):\n"
-    + "".join(f"  {k:<11} {v}\n" for k, v in MODELS.items())
+    + "".join(f"  {k:<12} {v}\n" for k, v in MODELS.items())
     + "\nexit codes:\n"
     "  0  success; stdout holds one JSON summary (the same keys for every model)\n"
     "  1  failed run (non-finite values, instability): names the step and the setting to\n"

@@ -259,7 +259,7 @@ def test_version_and_run_help_list_models_and_exit_codes(capsys):
     import pytest as _pytest
 
     import simpar
-    from simpar import cli, run
+    from simpar import cli, drive
 
     with _pytest.raises(SystemExit) as e:
         cli.main(["--version"])
@@ -267,7 +267,7 @@ def test_version_and_run_help_list_models_and_exit_codes(capsys):
     with _pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     text = capsys.readouterr().out
-    assert tuple(cli.MODELS) == run.GRID_MODELS + tuple(run.PARTICLE_MODELS)
+    assert set(cli.MODELS) == set(drive.ADAPTERS)
     for name in cli.MODELS:
         assert f"\n  {name} " in text
     for code in ("0  success", "1  failed run", "2  invalid input"):
