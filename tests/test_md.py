@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from simpar.config import dumps
+from simpar.drive import run_config
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
 from simpar.particles import lattice, md, neighbors, potentials, space
-from simpar.drive import run_config
 
 F64 = jnp.float64
 
