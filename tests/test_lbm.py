@@ -121,7 +121,11 @@ def test_shear_wave_decays_at_nu_k2():
 
 
 def test_grad_and_vmap_through_a_run_with_respect_to_viscosity():
-    """The decay rate is differentiable in the viscosity param and vmaps over a sweep."""
+    """The decay rate is differentiable in the viscosity param and vmaps over a sweep.
+
+    The gradient is that of the discrete run: it equals a central finite difference of the
+    same jitted run to 1e-8 (measured 2.6e-10 at h = 1e-5, float64), and the continuum
+    ``d/dnu A exp(-nu k^2 t)`` to 2% (LBM's O(k^2) error)."""
     n, amp, steps = 32, 0.01, 100
     y = np.arange(n) + 0.5
     u0 = [np.broadcast_to(amp * np.sin(2 * np.pi * y / n), (2, n)), np.zeros((2, n))]
@@ -139,7 +143,10 @@ def test_grad_and_vmap_through_a_run_with_respect_to_viscosity():
 
     k2 = (2 * np.pi / n) ** 2
     nu = jnp.asarray(0.1)
-    g = jax.grad(amplitude)(nu)
+    g = jax.jit(jax.grad(amplitude))(nu)
+    run, h = jax.jit(amplitude), 1e-5
+    fd = (float(run(0.1 + h)) - float(run(0.1 - h))) / (2 * h)
+    assert float(g) == pytest.approx(fd, rel=1e-8)
     exact = -k2 * steps * amp * np.exp(-0.1 * k2 * steps)
     assert float(g) == pytest.approx(exact, rel=0.02)
     sweep = jax.vmap(amplitude)(jnp.asarray([0.05, 0.1, 0.2]))
