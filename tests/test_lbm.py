@@ -3,6 +3,9 @@
 Budget: about a minute on 2 CPU cores. The full Ghia check (128^2, Re = 100, bound 0.02) is
 ``experiments/validate_cavity.py``; here a 48^2 cavity at Re = 100 is run to its steady state
 (12 000 steps) and held to the looser bound 0.015 (it gives 0.0070 for u and 0.0025 for v).
+
+Slow tier: the 12-case engine matrix of the cavity (its fast twin runs one case per engine),
+D3Q19 on 2x2x2, the cavity run to steady state and the gradient through a run.
 """
 
 import h5py
@@ -38,6 +41,8 @@ CASES_2D = (
     ("sharded", (1, 8), 1),
 )
 CASES_2D_PERIODIC = (("pmap", (2, 4), 2), ("shard_map", (1, 8), 1), ("sharded", (4, 2), 1))
+# the fast twin of CASES_2D: one case per engine, halo 2 once
+CASES_2D_FAST = (("pmap", (4, 2), 2), ("shard_map", (2, 4), 1), ("sharded", (8,), 1))
 CASES_3D = (("pmap", (2, 2, 2), 1), ("shard_map", (2, 2, 2), 2), ("sharded", (2, 2, 2), 1))
 STEPS = 6  # a multiple of every halo width: one compiled loop body per case
 
@@ -60,13 +65,20 @@ def _assert_all_equal(results):
 
 
 @pytest.mark.parametrize(
-    "walls, cases", [(CAVITY, CASES_2D), (PERIODIC, CASES_2D_PERIODIC)], ids=["cavity", "periodic"]
+    "walls, cases",
+    [
+        pytest.param(CAVITY, CASES_2D, marks=pytest.mark.slow),
+        (CAVITY, CASES_2D_FAST),
+        (PERIODIC, CASES_2D_PERIODIC),
+    ],
+    ids=["cavity", "cavity-fast", "periodic"],
 )
 def test_d2q9_every_engine_equals_single_bitwise(walls, cases):
     s = _noisy((32, 32), walls)
     _assert_all_equal(run_engines(s.model, s.state, s.params, STEPS, cases))
 
 
+@pytest.mark.slow
 def test_d3q19_on_a_2x2x2_device_grid_equals_single_bitwise():
     """Walls on every face (edges and corners of the block meet walls and neighbours), the
     lid on the upper y face."""
@@ -120,6 +132,7 @@ def test_shear_wave_decays_at_nu_k2():
     assert rate == pytest.approx(nu * k * k, rel=5e-3)
 
 
+@pytest.mark.slow
 def test_grad_and_vmap_through_a_run_with_respect_to_viscosity():
     """The decay rate is differentiable in the viscosity param and vmaps over a sweep.
 
@@ -166,6 +179,7 @@ def _cavity_cfg(n=48, re=100.0, **extra):
     return cfg
 
 
+@pytest.mark.slow
 def test_cavity_re100_matches_ghia_on_a_small_grid():
     """48^2, Re = 100, run until max|du| over 500 steps < 1e-6 u_lid: within 0.015 of Ghia
     (measured: u 0.0070, v 0.0025; the experiment holds 128^2 to 0.02)."""
