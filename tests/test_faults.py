@@ -183,7 +183,7 @@ def _heat_frames(path):
     return steps, values["u"]
 
 
-@pytest.mark.parametrize("checkpoints", [False, True])
+@pytest.mark.parametrize("checkpoints", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_disk_full_on_tmpfs_stops_grid_run_with_exit_1_and_intact_frames(
     tmp_path, capsys, checkpoints
 ):

@@ -149,6 +149,7 @@ def test_neighbor_overflow_is_detected_and_repaired():
     assert small.thermo()["total_energy"] == pytest.approx(big.thermo()["total_energy"], abs=1e-10)
 
 
+@pytest.mark.slow
 def test_langevin_seeded_and_reaches_temperature():
     r, v, spc, pot = lj_system(cells=5, temperature=0.5, shift=True)
 
