@@ -213,6 +213,7 @@ def test_h5md_written_and_opened_by_mdanalysis(tmp_path):
         assert res2["initial"][k] == pytest.approx(res["final"][k], rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ensemble", ["nve", "langevin"])
 def test_continue_from_h5md_reproduces_uninterrupted_run(tmp_path, ensemble):
     over = {"integrator.ensemble": ensemble}
