@@ -96,7 +96,7 @@ def test_standing_wave_converges_at_second_order():
 @pytest.mark.parametrize(
     "boundary,engine,mesh",
     [
-        ({"x": "periodic", "y": "neumann"}, "pmap", (2, 4)),
+        pytest.param({"x": "periodic", "y": "neumann"}, "pmap", (2, 4), marks=pytest.mark.slow),
         ({"x": "dirichlet", "y": "periodic"}, "single", None),
     ],
 )
