@@ -23,6 +23,7 @@ __all__ = [
     "STEP",
     "TIME",
     "attr_value",
+    "check_variables",
     "decode_attr",
     "n_committed",
     "open_frames",
@@ -94,6 +95,45 @@ def set_attrs(obj: h5py.HLObject, attrs: Mapping[str, Any]) -> None:
         if value is None:
             continue
         obj.attrs[key] = attr_value(key, value)
+
+
+def check_variables(
+    variables: Mapping[str, Mapping[str, Any]], axes: list[str], ensemble: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Validate :class:`~simpar.io.netcdf.GridWriter` variable specs.
+
+    Args:
+      variables: name -> spec (``"dims"``, optional ``"dtype"``, see ``GridWriter``).
+      axes: the spatial axis names in C order, e.g. ``["y", "x"]``.
+      ensemble: whether ``"ensemble"`` may follow ``"time"``.
+
+    Returns:
+      Copies of the specs with ``dims`` as tuples and ``dtype`` a ``np.dtype``.
+
+    Raises:
+      ValueError: a reserved or invalid name, dims out of order, a non-numeric dtype.
+    """
+    if not variables:
+        raise ValueError("variables must name at least one variable")
+    out = {}
+    for name, spec in variables.items():
+        if name in RESERVED or name in axes:
+            raise ValueError(f"variable name {name!r} is reserved")
+        if "/" in name or not name:
+            raise ValueError(f"invalid variable name {name!r}")
+        dims = tuple(spec.get("dims", ()))
+        spatial = dims[2:] if ensemble and dims[1:2] == (ENSEMBLE,) else dims[1:]
+        order = [axes.index(d) for d in spatial if d in axes]
+        if not dims or dims[0] != TIME or len(order) != len(spatial) or order != sorted(set(order)):
+            raise ValueError(
+                f"variable {name!r}: dims {dims} must be 'time' followed by spatial "
+                f"dims in the order {tuple(axes)} (any subset)"
+            )
+        dtype = np.dtype(spec.get("dtype", "float32"))
+        if dtype.kind not in "fiu":
+            raise ValueError(f"variable {name!r}: dtype {dtype} is not numeric")
+        out[name] = {**spec, "dims": dims, "dtype": dtype}
+    return out
 
 
 def variable_dims(ds: h5py.Dataset) -> tuple[str, ...]:

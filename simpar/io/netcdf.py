@@ -63,6 +63,7 @@ from simpar.io.nclayout import (
     RESERVED,
     STEP,
     TIME,
+    check_variables,
     n_committed,
     open_frames,
     read_attrs,
@@ -182,7 +183,7 @@ class GridWriter:
                 raise ValueError(f"coordinate {name!r} must be a non-empty 1-D array")
             if name in RESERVED:
                 raise ValueError(f"coordinate name {name!r} is reserved")
-        specs = _check_variables(variables, list(coords), ensemble is not None)
+        specs = check_variables(variables, list(coords), ensemble is not None)
         sizes = {} if ensemble is None else {ENSEMBLE: int(ensemble)}
         sizes.update({name: c.size for name, c in coords.items()})
 
@@ -479,30 +480,3 @@ class GridWriter:
         """Rewrite the sidecar atomically (temporary file + ``os.replace``)."""
         if self._sidecar is not None:
             self._sidecar.write(self._f[TIME].shape[0])
-
-
-def _check_variables(
-    variables: Mapping[str, Mapping[str, Any]], axes: list[str], ensemble: bool = False
-) -> dict[str, dict[str, Any]]:
-    """Validate variable specs; returns copies with ``dims`` as tuples, dtype set."""
-    if not variables:
-        raise ValueError("variables must name at least one variable")
-    out = {}
-    for name, spec in variables.items():
-        if name in RESERVED or name in axes:
-            raise ValueError(f"variable name {name!r} is reserved")
-        if "/" in name or not name:
-            raise ValueError(f"invalid variable name {name!r}")
-        dims = tuple(spec.get("dims", ()))
-        spatial = dims[2:] if ensemble and dims[1:2] == (ENSEMBLE,) else dims[1:]
-        order = [axes.index(d) for d in spatial if d in axes]
-        if not dims or dims[0] != TIME or len(order) != len(spatial) or order != sorted(set(order)):
-            raise ValueError(
-                f"variable {name!r}: dims {dims} must be 'time' followed by spatial "
-                f"dims in the order {tuple(axes)} (any subset)"
-            )
-        dtype = np.dtype(spec.get("dtype", "float32"))
-        if dtype.kind not in "fiu":
-            raise ValueError(f"variable {name!r}: dtype {dtype} is not numeric")
-        out[name] = {**spec, "dims": dims, "dtype": dtype}
-    return out
