@@ -7,10 +7,16 @@ Fused multiply-add is switched off on x86 (``--xla_cpu_max_isa=AVX``): XLA contr
 differently per engine, mesh and halo width, so with FMA the engines differ from ``single`` by one
 rounding in a few cells. Without it every engine is bitwise equal to ``single`` (the tests assert
 that); tests that also run with FMA on compare to 1e-14.
+
+Tiers: ``pytest -m "not slow"`` is the fast tier (every model on every engine at small size);
+``slow`` marks multi-process runs and long validation runs (pyproject.toml). Command-line tests
+call ``simpar.cli.main([...])`` in this process where a subprocess adds nothing; every test
+must leave the SIGINT/SIGTERM handlers as it found them (checked after each test).
 """
 
 import os
 import platform
+import signal
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if platform.machine().lower() in ("x86_64", "amd64") and "xla_cpu_max_isa" not in os.environ.get(
@@ -19,6 +25,7 @@ if platform.machine().lower() in ("x86_64", "amd64") and "xla_cpu_max_isa" not i
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_max_isa=AVX").strip()
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", True)
@@ -29,3 +36,12 @@ N_DEVICES = 8
 def pytest_configure(config):
     n = len(jax.devices())
     assert n == N_DEVICES, f"tests need {N_DEVICES} CPU devices, JAX sees {n}: {jax.devices()}"
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """In-process ``simpar.cli.main`` runs restore the handlers they installed (checked)."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    after = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    assert after == before, f"signal handlers left changed: {before} -> {after}"

@@ -93,6 +93,7 @@ def test_upwind_converges_at_first_order():
     assert orders[-1] > 0.85, orders
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limiter,low", [("van_leer", 1.8), ("minmod", 1.5)])
 def test_muscl_converges_at_second_order_on_a_smooth_profile(limiter, low):
     orders = _orders("muscl", limiter)
@@ -170,6 +171,7 @@ def _assert_engines_equal_single(model, state, params, n, cases):
             assert_same_field(got[f], ref[f], f"{engine} {mesh} halo {halo}: {f}")
 
 
+@pytest.mark.slow
 def test_every_engine_equals_single_muscl_uniform():
     d = Domain((32, 48), (1.0, 1.5), "float64")
     bcs = ((Periodic(), Periodic()), (Dirichlet(0.5), Neumann()))

@@ -34,6 +34,7 @@ def _run(*args):
     )
 
 
+@pytest.mark.slow
 def test_every_engine_writes_files_xarray_opens_with_equal_last_frames(tmp_path):
     files = {}
     for engine in ("single", "pmap", "shard_map", "sharded"):

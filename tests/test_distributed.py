@@ -3,7 +3,9 @@
 The same path runs on a cluster with one process per host; here both processes run on this
 machine (README "More than one process"). Each run's output is compared with a
 one-process run of the same config: the fields bitwise, global sums to round-off.
-Budget: about a minute on 2 CPU cores.
+Budget: about a minute on 2 CPU cores. The two-process runs are in the slow tier; the
+one-process references and the options checked before JAX starts run in this process
+(``simpar.cli.main``).
 """
 
 import json
@@ -13,8 +15,11 @@ import subprocess
 import sys
 
 import h5py
+import jax
 import numpy as np
 import pytest
+
+from simpar.cli import main
 
 HEAT = ["experiments/heat2d.toml", "--set", "grid.shape=[32,32]", "--steps", "40", "--quiet"]
 CAVITY = [
@@ -74,9 +79,8 @@ def _two_processes(*args, devices=4):
 
 
 def _one_process(*args):
-    r = subprocess.run(_cmd(*args), capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
-    return r
+    """The one-process reference run, in this process (8 CPU devices, conftest)."""
+    assert main(["run", *args]) == 0
 
 
 def _compare(path, ref_path, fields):
@@ -91,6 +95,7 @@ def _compare(path, ref_path, fields):
                 np.testing.assert_allclose(a[k][:], b[k][:], rtol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "engine, mesh", [("shard_map", "2x4"), ("sharded", "4x2"), ("pmap", "8")], ids=str
 )
@@ -107,6 +112,7 @@ def test_two_processes_write_what_one_process_writes(tmp_path, engine, mesh):
     _compare(out, ref, ["u"])
 
 
+@pytest.mark.slow
 def test_two_process_cavity_resumes_to_the_one_process_result(tmp_path):
     """LBM (nine population fields and a uint8 wall flag) on a 2x4 mesh over two processes,
     stopped at step 30 and resumed to 60, equals one uninterrupted one-process run."""
@@ -121,33 +127,28 @@ def test_two_process_cavity_resumes_to_the_one_process_result(tmp_path):
     _compare(out, ref, ["rho", "ux", "uy"])
 
 
+def test_multi_process_options_are_checked_before_jax_joins_exit_2(tmp_path, capsys, monkeypatch):
+    """In this process: ``jax.distributed.initialize`` must never be reached (guarded)."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("jax.distributed.initialize reached with invalid options")
+
+    monkeypatch.setattr(jax.distributed, "initialize", never)
+    out = tmp_path / "x.nc"
+    # a process id outside the run
+    code = main(["run", *HEAT, "--out", str(out), "--coordinator", "127.0.0.1:1",
+                 "--num-processes", "2", "--process-id", "2"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "--process-id" in err and "[0, 1]" in err
+    code = main(["run", *HEAT, "--out", str(out), "--coordinator", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--num-processes" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.slow
 def test_multi_process_input_errors_exit_2_and_write_nothing(tmp_path):
     out = tmp_path / "x.nc"
-    # checked before JAX starts: a process id outside the run
-    r = subprocess.run(
-        _cmd(
-            *HEAT,
-            "--out",
-            str(out),
-            "--coordinator",
-            "127.0.0.1:1",
-            "--num-processes",
-            "2",
-            "--process-id",
-            "2",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 2 and "--process-id" in r.stderr and "[0, 1]" in r.stderr
-    r = subprocess.run(
-        _cmd(*HEAT, "--out", str(out), "--coordinator", "127.0.0.1:1"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 2 and "--num-processes" in r.stderr
     # checked by every process after they meet: 'single' cannot span two processes
     p0, p1 = _two_processes(*HEAT, "--engine", "single", "--out", str(out))
     for p in (p0, p1):
@@ -178,6 +179,7 @@ def test_multi_process_input_errors_exit_2_and_write_nothing(tmp_path):
     assert not out.exists() and not md_out.exists()
 
 
+@pytest.mark.slow
 def test_two_process_lj_melt_equals_the_one_process_sharded_run(tmp_path):
     """4,000 LJ atoms split over 8 devices of two processes: the H5MD trajectory equals the
     one-process run on 8 devices (positions bitwise, observables to round-off) and
@@ -203,6 +205,7 @@ NBODY = ("experiments/nbody_plummer.toml", "--set", "particles.n=256", "--steps"
          "--set", "output.every=10", "--quiet")  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["pmap", "shard_map"])
 def test_two_process_nbody_ring_equals_the_one_process_ring(tmp_path, engine):
     """The N-body ring of 8 devices over two processes (shifts 3 -> 4 and 7 -> 0 cross

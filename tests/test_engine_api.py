@@ -93,6 +93,7 @@ def _loss(e, params):
     return loss
 
 
+@pytest.mark.slow
 def test_grad_vmap_jit_through_place_advance_gather_on_every_engine():
     model, params, u0 = _problem()
     D = params["diffusivity"]

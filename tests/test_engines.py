@@ -33,6 +33,7 @@ def _heat(shape, bcs, stencil="5pt", dtype="float64", steps=7):
     return model, {"u": u0}, params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bcs",
     [(PER, PER), (WALLS, PER), (WALLS, (Neumann(), Dirichlet(-1.0)))],
@@ -60,6 +61,7 @@ def test_heat2d_9point_stencil_uses_corners_and_matches():
         assert_same_field(out["u"], ref, str(case))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("periodic", [True, False])
 def test_heat3d_every_engine_equals_single_bitwise(periodic):
     bcs = (PER, PER, PER) if periodic else (WALLS, PER, (Neumann(), Dirichlet(1.0)))

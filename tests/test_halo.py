@@ -38,6 +38,7 @@ def _windows(global_padded, grid_shape, block, w):
     return np.stack(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("w", [1, 2, 3])
 @pytest.mark.parametrize("mesh,bcs", CASES)
 def test_pmap_and_shard_map_halo_equals_global_padding(mesh, bcs, w):

@@ -26,7 +26,7 @@ def _gaussian_error(n, stencil="5pt", t_end=0.01, D=1.0):
     return np.max(np.abs(out["u"] - exact))
 
 
-@pytest.mark.parametrize("stencil", ["5pt", "9pt"])
+@pytest.mark.parametrize("stencil", ["5pt", pytest.param("9pt", marks=pytest.mark.slow)])
 def test_gaussian_matches_analytic_with_second_order_convergence(stencil):
     ns = [32, 64, 128]
     errs = [_gaussian_error(n, stencil) for n in ns]

@@ -51,6 +51,7 @@ def lammps(x: float) -> str:
     return f"{x:.8g}"
 
 
+@pytest.mark.slow
 def test_lammps_bench_step0_32000_atoms_float64():
     r, v, spc, pot = lj_system(cells=20)
     assert r.shape == (32000, 3)
@@ -108,6 +109,7 @@ def test_cell_list_matches_brute_force(periodic):
             assert set(row[row < 700]) == ref
 
 
+@pytest.mark.slow
 def test_nve_energy_conserved_with_dt_squared_error():
     r, v, spc, pot = lj_system(cells=5, temperature=0.8, shift=True)
     sim = md.make_simulation(spc, pot, r, v, dt=0.005)
@@ -147,6 +149,7 @@ def test_neighbor_overflow_is_detected_and_repaired():
     assert small.thermo()["total_energy"] == pytest.approx(big.thermo()["total_energy"], abs=1e-10)
 
 
+@pytest.mark.slow
 def test_langevin_seeded_and_reaches_temperature():
     r, v, spc, pot = lj_system(cells=5, temperature=0.5, shift=True)
 
@@ -214,6 +217,7 @@ def test_h5md_written_and_opened_by_mdanalysis(tmp_path):
         assert res2["initial"][k] == pytest.approx(res["final"][k], rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ensemble", ["nve", "langevin"])
 def test_continue_from_h5md_reproduces_uninterrupted_run(tmp_path, ensemble):
     over = {"integrator.ensemble": ensemble}
@@ -239,6 +243,7 @@ def test_continue_from_h5md_reproduces_uninterrupted_run(tmp_path, ensemble):
     np.testing.assert_allclose(b["velocity"], a["velocity"], rtol=0, atol=1e-13)
 
 
+@pytest.mark.slow
 def test_sharded_equals_single(tmp_path):
     assert len(jax.devices()) == 8
     cfg = small_config(tmp_path)  # 500 atoms: padded to 504 slots on 8 devices
@@ -256,6 +261,7 @@ def test_sharded_equals_single(tmp_path):
         assert f["parameters"].attrs["device_mesh"].tolist() == [8]
 
 
+@pytest.mark.slow
 def test_free_space_cluster_conserves_energy_and_momentum():
     r, _ = lattice.cubic_lattice("fcc", 1.0, (3, 3, 3))
     spc = space.free([10.0, 10.0, 10.0])
@@ -298,6 +304,7 @@ def test_unstable_run_raises_simulation_error(tmp_path):
     assert h5md.n_frames(tmp_path / "t.h5md") >= 1  # frames before the failure are kept
 
 
+@pytest.mark.slow
 def test_melt_experiment_step0_matches_lammps(tmp_path, capsys):
     data = tomllib.loads(open("experiments/lj_melt.toml").read())
     res = run_config(data, dumps(data), engine=None, mesh=None, steps=0,

@@ -62,6 +62,7 @@ def assert_same(g, th, frame):
         assert th[k] == pytest.approx(ref_th[k], rel=1e-10, abs=1e-12), k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("engine", "mesh"),
     [("shard_map", (2, 4)), ("pmap", (2, 2, 2)), ("shard_map", (4, 2))],
@@ -82,6 +83,7 @@ def test_decomposed_run_equals_single(reference, engine, mesh):
     )  # bitwise here (FMA off): same pair order per row
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("engine", "mesh", "cells", "steps", "hops"),
     [("pmap", (8,), (10, 10, 10), 100, (2, 1, 1)), ("shard_map", (7,), (4, 4, 4), 300, (3, 1, 1))],
@@ -105,6 +107,7 @@ def test_thin_sub_boxes_get_ghosts_in_several_hops(engine, mesh, cells, steps, h
         assert th[k] == pytest.approx(ref_th[k], rel=1e-10, abs=1e-12), k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", [(8,), (2, 4), (4, 2), (2, 2, 2)], ids=str)
 def test_compiled_chunk_moves_only_ghosts_and_migrating_atoms(mesh):
     """The compiled shard_map chunk (``lj_melt.toml``'s 4,000 atoms; (8,) with two hops):
@@ -138,6 +141,7 @@ def test_compiled_chunk_moves_only_ghosts_and_migrating_atoms(mesh):
     assert permutes >= 3 * sum(1 for k in spec.send if k)
 
 
+@pytest.mark.slow
 def test_pileup_regrows_and_never_loses_an_atom():
     """A hot gas (density 0.2) flowing onto the middle of the first of 8 slabs: atoms cross
     the faces many times and pile into one device; the owned and migration capacities start
@@ -170,6 +174,7 @@ def test_pileup_regrows_and_never_loses_an_atom():
     assert sim.builds > 20  # atoms crossed the faces many times
 
 
+@pytest.mark.slow
 def test_langevin_reproducible_and_equal_to_single():
     r, v, spc, pot = lj(temperature=0.8)
     kw = dict(dt=0.005, skin=0.3, ensemble="langevin", kt=1.5, gamma=2.0)
@@ -219,6 +224,7 @@ def _layout(path):
     return out
 
 
+@pytest.mark.slow
 def test_h5md_output_same_layout_as_single(tmp_path):
     import MDAnalysis
 
@@ -263,6 +269,7 @@ def one_process_melt(tmp_path_factory):
     return ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("engine", "mesh"), [("pmap", "2x2x2"), ("shard_map", "2x4")], ids=str)
 def test_two_processes_equal_one_process(tmp_path, one_process_melt, engine, mesh):
     """8 devices of two processes (jax.distributed, gloo, 4 CPU devices each) run one

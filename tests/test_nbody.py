@@ -122,6 +122,7 @@ def reference():
     return state, params, force0, obs0, final, obs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_dev", [1, 2, 4, 8])
 @pytest.mark.parametrize("engine", [e for e in ENGINES if e != "single"])
 def test_engine_equals_single(reference, engine, n_dev):
@@ -227,6 +228,7 @@ def test_plummer_initial_conditions():
     assert abs(r_half / (1.305 * 3 * np.pi / 16) - 1) < 0.06
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine,n_dev,chunks", [("single", 1, 10), ("pmap", 4, 3)])
 def test_plummer_leapfrog_conserves_energy_and_momentum(engine, n_dev, chunks):
     pos, vel, mass = nb.plummer_sphere(256, seed=0, dtype=F64)

@@ -77,6 +77,7 @@ LANGEVIN = {"integrator.ensemble": "langevin", "integrator.temperature": 1.2,
             "integrator.seed": 3}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_lj_langevin_resume_is_bitwise(tmp_path):
     full, part = tmp_path / "full.h5md", tmp_path / "part.h5md"
     ref = run_lj(full, 50, **LANGEVIN)
@@ -94,6 +95,7 @@ def test_lj_langevin_resume_is_bitwise(tmp_path):
     assert_same_frames(full, part, extra_steps=[25])
 
 
+@pytest.mark.slow
 def test_lj_sharded_resume_bitwise_and_on_single_to_round_off(tmp_path):
     full, part = tmp_path / "full.h5md", tmp_path / "part.h5md"
     ref = run_lj(full, 40, "sharded", (8,))
@@ -192,6 +194,7 @@ def test_h5md_open_existing_drops_cut_and_later_frames(tmp_path):
     assert all(v.shape[0] == 3 for v in f.values())
 
 
+@pytest.mark.slow
 def test_lj_killed_at_a_random_moment_then_resumed_equals_uninterrupted(tmp_path):
     steps, over = 1200, {"output.every": 50, **LANGEVIN}
     cfg = tmp_path / "kill.toml"

@@ -104,6 +104,7 @@ def _face_bound(shape, mesh, w) -> int:
     return w * max(faces)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,bcs,shape,mesh,w", PARAMS)
 def test_sharded_step_moves_only_halo_slabs(kind, bcs, shape, mesh, w):
     model, state, params = _setup(kind, bcs, shape)

@@ -76,6 +76,7 @@ def test_standing_wave_equals_exact_discrete_solution():
     assert np.max(np.abs(out["u"] - setup.state["u"])) > 0.5
 
 
+@pytest.mark.slow
 def test_standing_wave_converges_at_second_order():
     modes, T = [1, 2], 0.25
     errors = []
@@ -95,7 +96,7 @@ def test_standing_wave_converges_at_second_order():
 @pytest.mark.parametrize(
     "boundary,engine,mesh",
     [
-        ({"x": "periodic", "y": "neumann"}, "pmap", (2, 4)),
+        pytest.param({"x": "periodic", "y": "neumann"}, "pmap", (2, 4), marks=pytest.mark.slow),
         ({"x": "dirichlet", "y": "periodic"}, "single", None),
     ],
 )

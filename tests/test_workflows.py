@@ -1,5 +1,8 @@
 """Research workflows built on the engines (``experiments/``): gradients through decomposed
-runs and their memory, the sharding tour, surrogate training on simulation output."""
+runs and their memory, the sharding tour, surrogate training on simulation output.
+
+Slow tier: the inverse problem on three engines, the 2,000-step gradient's memory and the
+surrogate training (compilation of gradients is most of their time)."""
 
 import importlib.util
 from pathlib import Path
@@ -29,6 +32,7 @@ def inverse_heat():
 DECOMPOSED = [("shard_map", (2, 4)), ("pmap", (2, 4)), ("sharded", (2, 4))]
 
 
+@pytest.mark.slow
 def test_inverse_heat_gradient_and_recovery_on_every_engine(inverse_heat):
     """d misfit / d D through 18 steps on a 2x4 mesh: central differences to 1e-6, the same
     gradient on shard_map, pmap and sharded to 1e-12; gradient descent from D = 0.5 recovers
@@ -54,6 +58,7 @@ def test_inverse_heat_gradient_and_recovery_on_every_engine(inverse_heat):
         assert abs(g - grads["shard_map"]) <= 1e-12 * abs(g), (name, grads)
 
 
+@pytest.mark.slow
 def test_checkpointed_2000_step_gradient_stays_within_its_memory_figure(inverse_heat):
     """XLA's temporaries per device for the 2,000-step gradient: with jax.checkpoint per
     50-step chunk at most 4 x (40 chunk inputs + 50 steps) field blocks; without it at least
@@ -120,6 +125,7 @@ def test_sharded_dot_equals_unsharded_and_stays_sharded():
     assert len(xs.addressable_shards) == 8 and xs.addressable_shards[3].data.shape == (2, 1000)
 
 
+@pytest.mark.slow
 def test_surrogate_training_pmap_and_sharding_equal_one_device(tmp_path):
     """A heat run's output read back with h5py (each process its own slice of pairs); 20 Adam
     steps with the pmap step (pmean) and the sharded jit step give the parameters of a

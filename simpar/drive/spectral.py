@@ -462,20 +462,20 @@ class SpectrumWriter(GridWriter):
         """
         import h5netcdf
 
-        from simpar.io import netcdf
+        from simpar.io import nclayout
 
         self = cls(path, **kwargs)
         nc = h5netcdf.File(self._f, "r+")
         nc.dimensions["k"] = len(k)
         kv = nc.create_variable("k", ("k",), "f8", data=np.asarray(k, np.float64))
-        kv.attrs["units"] = netcdf._text_attr("m-1")
-        kv.attrs["long_name"] = netcdf._text_attr("wavenumber shell centre |k|")
+        kv.attrs["units"] = nclayout.text_attr("m-1")
+        kv.attrs["long_name"] = nclayout.text_attr("wavenumber shell centre |k|")
         v = nc.create_variable(
             "spectrum", ("time", "k"), "f8", chunks=(1, len(k)), fillvalue=np.nan
         )
-        v.attrs["units"] = netcdf._text_attr(spectrum["units"])
-        v.attrs["long_name"] = netcdf._text_attr(spectrum["long_name"])
-        netcdf._set_attrs(v, spectrum.get("attrs", {}))
+        v.attrs["units"] = nclayout.text_attr(spectrum["units"])
+        v.attrs["long_name"] = nclayout.text_attr(spectrum["long_name"])
+        nclayout.set_attrs(v, spectrum.get("attrs", {}))
         nc.close()
         self._f.flush()
         self._vars["spectrum"] = ("time", "k")
@@ -485,10 +485,10 @@ class SpectrumWriter(GridWriter):
         super()._setup(f, xdmf=xdmf, xdmf_min_interval=xdmf_min_interval)
         if "k" in self.coords:  # a reopened file: k is a dimension scale, not a mesh axis
             del self.coords["k"]
-            if self.xdmf_path is not None:
+            if self._sidecar is not None:
                 t = f["time"][: self.n_frames]
                 s = f["step"][: self.n_frames]
-                self._frames = [self._xdmf_grid(i, t[i], s[i]) for i in range(len(t))]
+                self._sidecar.frames = [self._xdmf_grid(i, t[i], s[i]) for i in range(len(t))]
 
 
 def plan(cfg: Section, opts: Options, config_text: str) -> SpectralPlan:

@@ -39,25 +39,15 @@ writer was designed; tests/test_io_netcdf.py checks xarray and the HDF5-level re
 - While the writer holds the file, HDF5 file locking stops other processes from
   opening it (reading it with locking disabled returned wrong data in the tests).
 
-XDMF sidecar (section 3.1): Version 3.0 temporal collection with one grid per frame.
-Each grid is a ``3DCoRectMesh`` with ``ORIGIN_DXDYDZ`` (values in z, y, x order) when
-the coordinates are uniformly spaced, else a ``3DRectMesh`` with ``VXVYVZ`` (x first).
-2-D (and 1-D) grids are written as 3-D with extent 1 on the missing axes. Values are
-**node-centred with the nodes at the cell centres**: ParaView's points sit at the
-coordinates stored in the file, so the visible domain ends half a cell inside the
-physical one. Every variable with all the spatial dims is an ``Attribute`` whose
-HyperSlab selects frame k of the ``[T, ...]`` dataset; profiles and time series are not
-in the sidecar. The HDF5 path is the file's basename, so the pair can be moved together.
-The sidecar is rewritten after each flushed frame through a temporary file and
-``os.replace``, so it never lists a frame that is not in the HDF5 file.
+XDMF sidecar: :mod:`simpar.io.xdmf`. Reserved names, attribute encoding and the plain-h5py
+readers (:func:`open_frames`, :func:`read_attrs`, :func:`variable_dims`, re-exported here):
+:mod:`simpar.io.nclayout`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time as _time
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -67,101 +57,30 @@ import h5py
 import numpy as np
 
 from simpar.errors import ConfigError
-from simpar.io.files import (
-    create_hdf5,
-    ensure_space,
-    raise_dealloc_errors,
-    remove_stale_temps,
-    write_text_atomic,
+from simpar.io.files import create_hdf5, ensure_space, raise_dealloc_errors
+from simpar.io.nclayout import (
+    ENSEMBLE,
+    RESERVED,
+    STEP,
+    TIME,
+    check_ensemble_coords,
+    check_variables,
+    n_committed,
+    open_frames,
+    read_attrs,
+    set_attrs,
+    text_attr,
+    variable_dims,
 )
+from simpar.io.xdmf import Sidecar, frame_grid
 
 __all__ = ["GridWriter", "open_frames", "read_attrs", "variable_dims"]
 
-_TIME = "time"
-_STEP = "step"
-_ENSEMBLE = "ensemble"  # optional member dimension, right after time
-_RESERVED = (_TIME, _STEP, _ENSEMBLE)
-_NT = "@NT@"  # placeholder for the frame count in cached XDMF text
 _GZIP_LEVEL = 4
 _MAX_CHUNK_BYTES = 64 * 2**20  # split the slowest axes of bigger frames (4 GiB limit)
 
 
 # --------------------------------------------------------------------------- helpers
-def _text_attr(value: str) -> np.ndarray | np.bytes_:
-    """A fixed-length (NC_CHAR) string attribute value for ``value``."""
-    data = value.encode("utf-8")
-    if value.isascii():
-        return np.bytes_(data)
-    # Fixed-length with the UTF-8 cset: still NC_CHAR, and h5netcdf decodes it right.
-    return np.array(data, dtype=h5py.string_dtype("utf-8", max(len(data), 1)))
-
-
-def _attr_value(key: str, value: Any) -> Any:
-    """Convert a Python/NumPy metadata value to what goes into an HDF5 attribute."""
-    if isinstance(value, str):
-        return _text_attr(value)
-    if isinstance(value, bytes | np.bytes_):
-        return np.bytes_(value)
-    if isinstance(value, bool | np.bool_):
-        return np.int8(value)  # netCDF has no boolean type
-    if isinstance(value, int | np.integer):
-        return np.int64(value)
-    if isinstance(value, float | np.floating):
-        return np.float64(value)
-    if isinstance(value, Path):
-        return _text_attr(str(value))
-    if isinstance(value, list | tuple | np.ndarray):
-        arr = np.asarray(value)
-        if arr.dtype.kind in "US":
-            return _text_attr(", ".join(str(v) for v in arr.ravel()))
-        if arr.dtype.kind == "b":
-            return arr.astype(np.int8)
-        if arr.dtype.kind in "iuf" and arr.ndim <= 1:
-            return arr
-    raise ValueError(
-        f"attribute {key!r}: cannot store {type(value).__name__} {value!r}; use a "
-        "string, a number or a 1-D numeric array"
-    )
-
-
-def _decode(value: Any) -> Any:
-    """Attribute value as read by h5py -> ``str`` for text, NumPy otherwise."""
-    if isinstance(value, bytes | np.bytes_):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return bytes(value).decode("latin-1")
-    if isinstance(value, np.ndarray) and value.dtype.kind in "SO" and value.ndim == 0:
-        return _decode(value[()])
-    return value
-
-
-def _set_attrs(obj: h5py.HLObject, attrs: Mapping[str, Any]) -> None:
-    for key, value in attrs.items():
-        if value is None:
-            continue
-        obj.attrs[key] = _attr_value(key, value)
-
-
-def variable_dims(ds: h5py.Dataset) -> tuple[str, ...]:
-    """Dimension names of an h5py dataset, from its attached dimension scales.
-
-    Args:
-      ds: a dataset of a netCDF4-style HDF5 file.
-
-    Returns:
-      One name per axis (``"time"``, ``"y"``, ``"x"`` ...); ``""`` for an axis without
-      an attached scale.
-    """
-    names = []
-    for dim in ds.dims:
-        if len(dim):
-            names.append(dim[0].name.rsplit("/", 1)[-1])
-        else:
-            names.append("")
-    return tuple(names)
-
-
 def _chunks(spatial_shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     """Chunk shape (1, *spatial) with the slowest axes halved while it is too big."""
     chunk = [1, *spatial_shape]
@@ -172,25 +91,6 @@ def _chunks(spatial_shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
         else:
             axis += 1
     return tuple(chunk)
-
-
-def _n_committed(f: h5py.File) -> int:
-    """Number of complete frames: rows of ``time`` up to the first NaN."""
-    t = f[_TIME][...]
-    bad = np.flatnonzero(~np.isfinite(t))
-    return int(bad[0]) if bad.size else int(t.shape[0])
-
-
-def _fmt(x: float) -> str:
-    # Python float repr: never "np.float64(...)" (that broke <Time Value> in tests).
-    return repr(float(x))
-
-
-def _number_type(dtype: np.dtype) -> tuple[str, int]:
-    kind = {"f": "Float", "i": "Int", "u": "UInt"}.get(dtype.kind)
-    if kind is None:
-        raise ValueError(f"XDMF cannot describe dtype {dtype}")
-    return kind, dtype.itemsize
 
 
 # --------------------------------------------------------------------------- writer
@@ -288,45 +188,45 @@ class GridWriter:
         for name, c in coords.items():
             if c.ndim != 1 or c.size < 1:
                 raise ValueError(f"coordinate {name!r} must be a non-empty 1-D array")
-            if name in _RESERVED:
+            if name in RESERVED:
                 raise ValueError(f"coordinate name {name!r} is reserved")
-        specs = _check_variables(variables, list(coords), ensemble is not None)
-        members = _check_ensemble_coords(ensemble_coords, ensemble, [*coords, *specs])
-        sizes = {} if ensemble is None else {_ENSEMBLE: int(ensemble)}
+        specs = check_variables(variables, list(coords), ensemble is not None)
+        members = check_ensemble_coords(ensemble_coords, ensemble, [*coords, *specs])
+        sizes = {} if ensemble is None else {ENSEMBLE: int(ensemble)}
         sizes.update({name: c.size for name, c in coords.items()})
 
         def build(f: h5py.File) -> None:
             # h5netcdf writes the netCDF4 layout (dimension scales, netCDF dimension ids,
             # _FillValue); attribute values are NC_CHAR text (np.bytes_) as ParaView needs
             nc = h5netcdf.File(f, "r+")
-            nc.dimensions = {_TIME: None, **sizes}  # time, [ensemble,] spatial axes
-            nc.attrs["Conventions"] = _text_attr("CF-1.8")
-            nc.attrs["title"] = _text_attr(title if title is not None else self.path.name)
-            nc.attrs["run_status"] = _text_attr("running")
-            _set_attrs(nc, dict(attrs or {}))
+            nc.dimensions = {TIME: None, **sizes}  # time, [ensemble,] spatial axes
+            nc.attrs["Conventions"] = text_attr("CF-1.8")
+            nc.attrs["title"] = text_attr(title if title is not None else self.path.name)
+            nc.attrs["run_status"] = text_attr("running")
+            set_attrs(nc, dict(attrs or {}))
 
-            t = nc.create_variable(_TIME, (_TIME,), "f8", chunks=(1024,), fillvalue=np.nan)
-            t.attrs["units"] = _text_attr(time_units)
-            t.attrs["long_name"] = _text_attr("simulation time")
-            t.attrs["axis"] = _text_attr("T")  # VTK needs it to find the time axis
+            t = nc.create_variable(TIME, (TIME,), "f8", chunks=(1024,), fillvalue=np.nan)
+            t.attrs["units"] = text_attr(time_units)
+            t.attrs["long_name"] = text_attr("simulation time")
+            t.attrs["axis"] = text_attr("T")  # VTK needs it to find the time axis
             if ensemble is not None:
                 e = nc.create_variable(
-                    _ENSEMBLE, (_ENSEMBLE,), "i4", data=np.arange(int(ensemble), dtype=np.int32)
+                    ENSEMBLE, (ENSEMBLE,), "i4", data=np.arange(int(ensemble), dtype=np.int32)
                 )
-                e.attrs["long_name"] = _text_attr("ensemble member")
-                e.attrs["units"] = _text_attr("1")
+                e.attrs["long_name"] = text_attr("ensemble member")
+                e.attrs["units"] = text_attr("1")
             for name, spec in members.items():
-                m = nc.create_variable(name, (_ENSEMBLE,), spec["data"].dtype, data=spec["data"])
-                m.attrs["long_name"] = _text_attr(str(spec.get("long_name", name)))
-                m.attrs["units"] = _text_attr(str(spec.get("units", "1")))
+                m = nc.create_variable(name, (ENSEMBLE,), spec["data"].dtype, data=spec["data"])
+                m.attrs["long_name"] = text_attr(str(spec.get("long_name", name)))
+                m.attrs["units"] = text_attr(str(spec.get("units", "1")))
             for name, c in coords.items():
                 d = nc.create_variable(name, (name,), "f8", data=c)
                 # No "axis" attribute: ParaView would take x/y as lon/lat.
-                d.attrs["units"] = _text_attr(length_units)
-                d.attrs["long_name"] = _text_attr(f"{name} coordinate of cell centres")
-            s = nc.create_variable(_STEP, (_TIME,), "i8", chunks=(1024,))
-            s.attrs["long_name"] = _text_attr("time-step index")
-            s.attrs["units"] = _text_attr("1")
+                d.attrs["units"] = text_attr(length_units)
+                d.attrs["long_name"] = text_attr(f"{name} coordinate of cell centres")
+            s = nc.create_variable(STEP, (TIME,), "i8", chunks=(1024,))
+            s.attrs["long_name"] = text_attr("time-step index")
+            s.attrs["units"] = text_attr("1")
 
             for name, spec in specs.items():
                 dims = spec["dims"]
@@ -342,13 +242,13 @@ class GridWriter:
                 if dtype.kind == "f":
                     kwargs["fillvalue"] = dtype.type(np.nan)
                 v = nc.create_variable(name, dims, dtype, **kwargs)
-                v.attrs["units"] = _text_attr(str(spec.get("units", "1")))
+                v.attrs["units"] = text_attr(str(spec.get("units", "1")))
                 if spec.get("long_name"):
-                    v.attrs["long_name"] = _text_attr(str(spec["long_name"]))
-                _set_attrs(v, dict(spec.get("attrs", {})))
-                if members and _ENSEMBLE in dims:  # CF auxiliary coordinates
+                    v.attrs["long_name"] = text_attr(str(spec["long_name"]))
+                set_attrs(v, dict(spec.get("attrs", {})))
+                if members and ENSEMBLE in dims:  # CF auxiliary coordinates
                     names = [str(spec.get("attrs", {}).get("coordinates", "")), *members]
-                    v.attrs["coordinates"] = _text_attr(" ".join(n for n in names if n))
+                    v.attrs["coordinates"] = text_attr(" ".join(n for n in names if n))
             nc.close()  # detaches the wrapper; the h5py file stays open
 
         # exclusive creation; --overwrite builds beside the old file and renames
@@ -362,33 +262,30 @@ class GridWriter:
         """Cache the layout of the open file ``f`` (for __init__ and open_existing)."""
         self._f = f
         self.xdmf_path: Path | None = Path(str(self.path) + ".xdmf") if xdmf else None
-        if self.xdmf_path is not None:
-            remove_stale_temps(self.xdmf_path)  # a sidecar rewrite cut short by a kill
-        self._xdmf_min_interval = float(xdmf_min_interval)
-        self._xdmf_last = -math.inf
-        self._xdmf_dirty = False
+        self._sidecar = (
+            Sidecar(self.xdmf_path, xdmf_min_interval) if self.xdmf_path is not None else None
+        )
         self._status_set = False
         self._vars: dict[str, tuple[str, ...]] = {}
         for name, ds in f.items():
-            if name in _RESERVED or not isinstance(ds, h5py.Dataset):
+            if name in RESERVED or not isinstance(ds, h5py.Dataset):
                 continue
             dims = variable_dims(ds)
-            if dims and dims[0] == _TIME:
+            if dims and dims[0] == TIME:
                 self._vars[name] = dims
         # Spatial axes: the dimension scales other than time, in creation order
         # (track_order=True), which is C order.
         axes = [
             name
             for name, ds in f.items()
-            if isinstance(ds, h5py.Dataset) and ds.is_scale and name not in (_TIME, _ENSEMBLE)
+            if isinstance(ds, h5py.Dataset) and ds.is_scale and name not in (TIME, ENSEMBLE)
         ]
         self.coords: dict[str, np.ndarray] = {a: f[a][...] for a in axes}
-        self.n_frames = _n_committed(f)
-        self._frames: list[str] = []  # cached XML of each frame's <Grid>
-        if self.xdmf_path is not None:
-            t = f[_TIME][: self.n_frames]
-            s = f[_STEP][: self.n_frames]
-            self._frames = [self._xdmf_grid(k, t[k], s[k]) for k in range(len(t))]
+        self.n_frames = n_committed(f)
+        if self._sidecar is not None:
+            t = f[TIME][: self.n_frames]
+            s = f[STEP][: self.n_frames]
+            self._sidecar.frames = [self._xdmf_grid(k, t[k], s[k]) for k in range(len(t))]
 
     @classmethod
     def open_existing(
@@ -427,25 +324,25 @@ class GridWriter:
         except OSError as e:
             raise ConfigError("--resume", f"cannot open {str(path)!r} for appending: {e}") from e
         try:
-            if _TIME not in f or _STEP not in f:
+            if TIME not in f or STEP not in f:
                 raise ConfigError(
                     "--resume",
                     f"{str(path)!r} is not a simpar grid file (no 'time'/'step')",
                 )
-            n = _n_committed(f)
-            n = min(n, f[_STEP].shape[0])
+            n = n_committed(f)
+            n = min(n, f[STEP].shape[0])
             if step is not None:
-                steps = f[_STEP][:n]
+                steps = f[STEP][:n]
                 n = int(np.count_nonzero(steps <= step))
                 if n and np.any(steps[:n] > step):
                     raise ConfigError("--resume", f"steps in {str(path)!r} are not increasing")
             for ds in f.values():
-                if isinstance(ds, h5py.Dataset) and variable_dims(ds)[:1] == (_TIME,):
+                if isinstance(ds, h5py.Dataset) and variable_dims(ds)[:1] == (TIME,):
                     if ds.shape[0] > n:
                         ds.resize(n, axis=0)
-            if f[_TIME].shape[0] > n:
-                f[_TIME].resize(n, axis=0)
-            f.attrs["run_status"] = _text_attr("running")
+            if f[TIME].shape[0] > n:
+                f[TIME].resize(n, axis=0)
+            f.attrs["run_status"] = text_attr("running")
             f.flush()
         except BaseException:
             f.close()
@@ -467,7 +364,7 @@ class GridWriter:
         """Step of the last complete frame, None if there is none."""
         if self.n_frames == 0:
             return None
-        return int(self._f[_STEP][self.n_frames - 1])
+        return int(self._f[STEP][self.n_frames - 1])
 
     def append(self, time: float, step: int, values: Mapping[str, np.ndarray]) -> None:
         """Write one frame and flush it.
@@ -514,19 +411,16 @@ class GridWriter:
                 ds.resize(k + 1, axis=0)
                 ds[k] = a
                 del ds
-        s = self._f[_STEP]
+        s = self._f[STEP]
         s.resize(k + 1, axis=0)
         s[k] = int(step)
-        t = self._f[_TIME]
+        t = self._f[TIME]
         t.resize(k + 1, axis=0)
         t[k] = float(time)
         self._f.flush()
         self.n_frames = k + 1
-        if self.xdmf_path is not None:
-            self._frames.append(self._xdmf_grid(k, time, step))
-            self._xdmf_dirty = True
-            if _time.monotonic() - self._xdmf_last >= self._xdmf_min_interval:
-                self._write_xdmf()
+        if self._sidecar is not None:
+            self._sidecar.add(self._xdmf_grid(k, time, step), self._f[TIME].shape[0])
 
     def set_status(self, status: str) -> None:
         """Set the ``run_status`` global attribute and flush.
@@ -535,21 +429,21 @@ class GridWriter:
           status: ``"running"``, ``"complete"`` or ``"failed: <reason>"``.
         """
         self._check_open()
-        self._f.attrs["run_status"] = _text_attr(str(status))
+        self._f.attrs["run_status"] = text_attr(str(status))
         self._f.flush()
         self._status_set = True
 
     def set_attrs(self, attrs: Mapping[str, Any]) -> None:
         """Add or replace global attributes (same value kinds as ``attrs``)."""
         self._check_open()
-        _set_attrs(self._f, attrs)
+        set_attrs(self._f, attrs)
         self._f.flush()
 
     def flush(self) -> None:
         """Flush the HDF5 file and bring the sidecar up to date."""
         self._check_open()
         self._f.flush()
-        if self._xdmf_dirty:
+        if self._sidecar is not None and self._sidecar.dirty:
             self._write_xdmf()
 
     def close(self) -> None:
@@ -557,7 +451,7 @@ class GridWriter:
         if self._f is None:
             return
         try:
-            if self._xdmf_dirty:
+            if self._sidecar is not None and self._sidecar.dirty:
                 self._write_xdmf()
             self._f.flush()
         finally:
@@ -594,199 +488,10 @@ class GridWriter:
 
     # ------------------------------------------------------------------ XDMF
     def _xdmf_grid(self, k: int, time: float, step: int) -> str:
-        """The ``<Grid>`` element (XML text) of frame ``k``."""
-        names = list(self.coords)
-        pad = 3 - len(names)
-        shape = [1] * pad + [self.coords[a].size for a in names]  # z y x
-        dims_txt = " ".join(map(str, shape))
-        g = ET.Element("Grid", Name=f"step{int(step)}", GridType="Uniform")
-        ET.SubElement(g, "Time", Value=_fmt(time))
-
-        uniform, origin, spacing = True, [0.0] * pad, [1.0] * pad
-        for a in names:
-            c = self.coords[a]
-            d = float(c[1] - c[0]) if c.size > 1 else 1.0
-            if c.size > 2 and not np.allclose(np.diff(c), d, rtol=1e-6, atol=1e-12 * abs(d)):
-                uniform = False
-            origin.append(float(c[0]))
-            spacing.append(d)
-        if uniform:
-            ET.SubElement(g, "Topology", TopologyType="3DCoRectMesh", Dimensions=dims_txt)
-            geo = ET.SubElement(g, "Geometry", GeometryType="ORIGIN_DXDYDZ")
-            for vals in (origin, spacing):  # z y x order, like Dimensions
-                item = ET.SubElement(
-                    geo,
-                    "DataItem",
-                    Dimensions="3",
-                    NumberType="Float",
-                    Precision="8",
-                    Format="XML",
-                )
-                item.text = " ".join(_fmt(v) for v in vals)
-        else:
-            ET.SubElement(g, "Topology", TopologyType="3DRectMesh", Dimensions=dims_txt)
-            geo = ET.SubElement(g, "Geometry", GeometryType="VXVYVZ")
-            full = [None] * pad + names  # z y x
-            for a in reversed(full):  # VXVYVZ lists x first
-                if a is None:
-                    item = ET.SubElement(
-                        geo,
-                        "DataItem",
-                        Dimensions="1",
-                        NumberType="Float",
-                        Precision="8",
-                        Format="XML",
-                    )
-                    item.text = "0.0"
-                else:
-                    item = ET.SubElement(
-                        geo,
-                        "DataItem",
-                        Dimensions=str(self.coords[a].size),
-                        NumberType="Float",
-                        Precision="8",
-                        Format="HDF",
-                    )
-                    item.text = f"{self.path.name}:/{a}"
-
-        full_dims = (_TIME, *names)
-        for name, dims in self._vars.items():
-            if dims != full_dims:
-                continue  # profiles and time series have no place on the mesh
-            ds = self._f[name]
-            kind, prec = _number_type(ds.dtype)
-            att = ET.SubElement(g, "Attribute", Name=name, AttributeType="Scalar", Center="Node")
-            slab = ET.SubElement(
-                att,
-                "DataItem",
-                ItemType="HyperSlab",
-                Dimensions=dims_txt,
-                Type="HyperSlab",
-            )
-            rank = ds.ndim
-            sel = ET.SubElement(slab, "DataItem", Dimensions=f"3 {rank}", Format="XML")
-            start = [k] + [0] * (rank - 1)
-            stride = [1] * rank
-            count = [1, *ds.shape[1:]]
-            sel.text = "  ".join(" ".join(map(str, r)) for r in (start, stride, count))
-            src = ET.SubElement(
-                slab,
-                "DataItem",
-                # The frame count grows: filled in when the sidecar is written.
-                Dimensions=" ".join(map(str, (_NT, *ds.shape[1:]))),
-                NumberType=kind,
-                Precision=str(prec),
-                Format="HDF",
-            )
-            src.text = f"{self.path.name}:/{name}"
-        ET.indent(g, space=" ", level=2)
-        return "  " + ET.tostring(g, encoding="unicode")
+        """The ``<Grid>`` element (XML text) of frame ``k`` (:func:`simpar.io.xdmf.frame_grid`)."""
+        return frame_grid(self._f, self.path.name, self.coords, self._vars, k, time, step)
 
     def _write_xdmf(self) -> None:
         """Rewrite the sidecar atomically (temporary file + ``os.replace``)."""
-        if self.xdmf_path is None:
-            return
-        text = (
-            '<?xml version="1.0" ?>\n'
-            '<Xdmf Version="3.0">\n'
-            "<Domain>\n"
-            ' <Grid Name="TimeSeries" GridType="Collection" '
-            'CollectionType="Temporal">\n'
-            + "\n".join(self._frames).replace(_NT, str(self._f[_TIME].shape[0]))
-            + ("\n" if self._frames else "")
-            + " </Grid>\n</Domain>\n</Xdmf>\n"
-        )
-        write_text_atomic(self.xdmf_path, text)
-        self._xdmf_last = _time.monotonic()
-        self._xdmf_dirty = False
-
-
-def _check_ensemble_coords(
-    coords: Mapping[str, Mapping[str, Any]] | None, members: int | None, taken: list[str]
-) -> dict[str, dict[str, Any]]:
-    """Validate ``ensemble_coords``: 1-D numbers, one per member, names not taken."""
-    if not coords:
-        return {}
-    if members is None:
-        raise ValueError("ensemble_coords needs ensemble=<number of members>")
-    out = {}
-    for name, spec in coords.items():
-        data = np.asarray(spec["data"])
-        if name in _RESERVED or name in taken or "/" in name or not name:
-            raise ValueError(f"ensemble coordinate name {name!r} is reserved or taken")
-        if data.shape != (members,) or data.dtype.kind not in "fiu":
-            raise ValueError(f"ensemble coordinate {name!r}: {members} numbers expected")
-        out[name] = {**spec, "data": data}
-    return out
-
-
-def _check_variables(
-    variables: Mapping[str, Mapping[str, Any]], axes: list[str], ensemble: bool = False
-) -> dict[str, dict[str, Any]]:
-    """Validate variable specs; returns copies with ``dims`` as tuples, dtype set."""
-    if not variables:
-        raise ValueError("variables must name at least one variable")
-    out = {}
-    for name, spec in variables.items():
-        if name in _RESERVED or name in axes:
-            raise ValueError(f"variable name {name!r} is reserved")
-        if "/" in name or not name:
-            raise ValueError(f"invalid variable name {name!r}")
-        dims = tuple(spec.get("dims", ()))
-        spatial = dims[2:] if ensemble and dims[1:2] == (_ENSEMBLE,) else dims[1:]
-        order = [axes.index(d) for d in spatial if d in axes]
-        if (
-            not dims
-            or dims[0] != _TIME
-            or len(order) != len(spatial)
-            or order != sorted(set(order))
-        ):
-            raise ValueError(
-                f"variable {name!r}: dims {dims} must be 'time' followed by spatial "
-                f"dims in the order {tuple(axes)} (any subset)"
-            )
-        dtype = np.dtype(spec.get("dtype", "float32"))
-        if dtype.kind not in "fiu":
-            raise ValueError(f"variable {name!r}: dtype {dtype} is not numeric")
-        out[name] = {**spec, "dims": dims, "dtype": dtype}
-    return out
-
-
-# --------------------------------------------------------------------------- readers
-def open_frames(
-    path: str | os.PathLike,
-) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """Read every complete frame of a grid file with plain h5py.
-
-    Args:
-      path: a file written by :class:`GridWriter`.
-
-    Returns:
-      ``(times, steps, values)``: times float64 ``[T]``, steps int64 ``[T]`` and
-      ``{name: array [T, *spatial]}`` for every variable with time as its first dim.
-      ``T`` counts complete frames only (a frame cut short by a crash is left out).
-    """
-    with h5py.File(path, "r") as f:
-        n = min(_n_committed(f), f[_STEP].shape[0])
-        times = f[_TIME][:n]
-        steps = f[_STEP][:n]
-        values = {}
-        for name, ds in f.items():
-            if name in _RESERVED or not isinstance(ds, h5py.Dataset):
-                continue
-            if variable_dims(ds)[:1] == (_TIME,):
-                values[name] = ds[:n]
-    return times, steps, values
-
-
-def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
-    """Global attributes of an HDF5 file, text decoded to ``str``.
-
-    Args:
-      path: any HDF5 file.
-
-    Returns:
-      Attribute name -> value (``str`` for text, NumPy scalars/arrays otherwise).
-    """
-    with h5py.File(path, "r") as f:
-        return {k: _decode(v) for k, v in f.attrs.items()}
+        if self._sidecar is not None:
+            self._sidecar.write(self._f[TIME].shape[0])

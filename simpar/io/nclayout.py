@@ -1,0 +1,221 @@
+"""The netCDF4-on-HDF5 layout of grid files: reserved names, attribute text, plain readers.
+
+Shared by the writer (:class:`simpar.io.netcdf.GridWriter`, which documents the layout) and
+its XDMF sidecar (:mod:`simpar.io.xdmf`); the readers need only h5py. Text attributes are
+fixed-length (NC_CHAR): vlen strings break ParaView's CF reader; ASCII text is stored as
+``np.bytes_``, text with non-ASCII characters as a fixed-length string with the UTF-8
+character set, so that h5netcdf decodes it correctly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+__all__ = [
+    "ENSEMBLE",
+    "RESERVED",
+    "STEP",
+    "TIME",
+    "attr_value",
+    "check_variables",
+    "decode_attr",
+    "n_committed",
+    "open_frames",
+    "read_attrs",
+    "set_attrs",
+    "text_attr",
+    "variable_dims",
+]
+
+TIME = "time"
+STEP = "step"
+ENSEMBLE = "ensemble"  # optional member dimension, right after time
+RESERVED = (TIME, STEP, ENSEMBLE)
+
+
+def text_attr(value: str) -> np.ndarray | np.bytes_:
+    """A fixed-length (NC_CHAR) string attribute value for ``value``."""
+    data = value.encode("utf-8")
+    if value.isascii():
+        return np.bytes_(data)
+    # Fixed-length with the UTF-8 cset: still NC_CHAR, and h5netcdf decodes it right.
+    return np.array(data, dtype=h5py.string_dtype("utf-8", max(len(data), 1)))
+
+
+def attr_value(key: str, value: Any) -> Any:
+    """Convert a Python/NumPy metadata value to what goes into an HDF5 attribute."""
+    if isinstance(value, str):
+        return text_attr(value)
+    if isinstance(value, bytes | np.bytes_):
+        return np.bytes_(value)
+    if isinstance(value, bool | np.bool_):
+        return np.int8(value)  # netCDF has no boolean type
+    if isinstance(value, int | np.integer):
+        return np.int64(value)
+    if isinstance(value, float | np.floating):
+        return np.float64(value)
+    if isinstance(value, Path):
+        return text_attr(str(value))
+    if isinstance(value, list | tuple | np.ndarray):
+        arr = np.asarray(value)
+        if arr.dtype.kind in "US":
+            return text_attr(", ".join(str(v) for v in arr.ravel()))
+        if arr.dtype.kind == "b":
+            return arr.astype(np.int8)
+        if arr.dtype.kind in "iuf" and arr.ndim <= 1:
+            return arr
+    raise ValueError(
+        f"attribute {key!r}: cannot store {type(value).__name__} {value!r}; use a "
+        "string, a number or a 1-D numeric array"
+    )
+
+
+def decode_attr(value: Any) -> Any:
+    """Attribute value as read by h5py -> ``str`` for text, NumPy otherwise."""
+    if isinstance(value, bytes | np.bytes_):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return bytes(value).decode("latin-1")
+    if isinstance(value, np.ndarray) and value.dtype.kind in "SO" and value.ndim == 0:
+        return decode_attr(value[()])
+    return value
+
+
+def set_attrs(obj: h5py.HLObject, attrs: Mapping[str, Any]) -> None:
+    """Store ``attrs`` on ``obj`` (a file, group or dataset) with :func:`attr_value`;
+    ``None`` values are skipped."""
+    for key, value in attrs.items():
+        if value is None:
+            continue
+        obj.attrs[key] = attr_value(key, value)
+
+
+def check_ensemble_coords(
+    coords: Mapping[str, Mapping[str, Any]] | None, members: int | None, taken: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Validate ``GridWriter``'s ``ensemble_coords``: 1-D numbers, one per member, names not
+    taken."""
+    if not coords:
+        return {}
+    if members is None:
+        raise ValueError("ensemble_coords needs ensemble=<number of members>")
+    out = {}
+    for name, spec in coords.items():
+        data = np.asarray(spec["data"])
+        if name in RESERVED or name in taken or "/" in name or not name:
+            raise ValueError(f"ensemble coordinate name {name!r} is reserved or taken")
+        if data.shape != (members,) or data.dtype.kind not in "fiu":
+            raise ValueError(f"ensemble coordinate {name!r}: {members} numbers expected")
+        out[name] = {**spec, "data": data}
+    return out
+
+
+def check_variables(
+    variables: Mapping[str, Mapping[str, Any]], axes: list[str], ensemble: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Validate :class:`~simpar.io.netcdf.GridWriter` variable specs.
+
+    Args:
+      variables: name -> spec (``"dims"``, optional ``"dtype"``, see ``GridWriter``).
+      axes: the spatial axis names in C order, e.g. ``["y", "x"]``.
+      ensemble: whether ``"ensemble"`` may follow ``"time"``.
+
+    Returns:
+      Copies of the specs with ``dims`` as tuples and ``dtype`` a ``np.dtype``.
+
+    Raises:
+      ValueError: a reserved or invalid name, dims out of order, a non-numeric dtype.
+    """
+    if not variables:
+        raise ValueError("variables must name at least one variable")
+    out = {}
+    for name, spec in variables.items():
+        if name in RESERVED or name in axes:
+            raise ValueError(f"variable name {name!r} is reserved")
+        if "/" in name or not name:
+            raise ValueError(f"invalid variable name {name!r}")
+        dims = tuple(spec.get("dims", ()))
+        spatial = dims[2:] if ensemble and dims[1:2] == (ENSEMBLE,) else dims[1:]
+        order = [axes.index(d) for d in spatial if d in axes]
+        if not dims or dims[0] != TIME or len(order) != len(spatial) or order != sorted(set(order)):
+            raise ValueError(
+                f"variable {name!r}: dims {dims} must be 'time' followed by spatial "
+                f"dims in the order {tuple(axes)} (any subset)"
+            )
+        dtype = np.dtype(spec.get("dtype", "float32"))
+        if dtype.kind not in "fiu":
+            raise ValueError(f"variable {name!r}: dtype {dtype} is not numeric")
+        out[name] = {**spec, "dims": dims, "dtype": dtype}
+    return out
+
+
+def variable_dims(ds: h5py.Dataset) -> tuple[str, ...]:
+    """Dimension names of an h5py dataset, from its attached dimension scales.
+
+    Args:
+      ds: a dataset of a netCDF4-style HDF5 file.
+
+    Returns:
+      One name per axis (``"time"``, ``"y"``, ``"x"`` ...); ``""`` for an axis without
+      an attached scale.
+    """
+    names = []
+    for dim in ds.dims:
+        if len(dim):
+            names.append(dim[0].name.rsplit("/", 1)[-1])
+        else:
+            names.append("")
+    return tuple(names)
+
+
+def n_committed(f: h5py.File) -> int:
+    """Number of complete frames: rows of ``time`` up to the first NaN."""
+    t = f[TIME][...]
+    bad = np.flatnonzero(~np.isfinite(t))
+    return int(bad[0]) if bad.size else int(t.shape[0])
+
+
+def open_frames(
+    path: str | os.PathLike,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Read every complete frame of a grid file with plain h5py.
+
+    Args:
+      path: a file written by :class:`GridWriter`.
+
+    Returns:
+      ``(times, steps, values)``: times float64 ``[T]``, steps int64 ``[T]`` and
+      ``{name: array [T, *spatial]}`` for every variable with time as its first dim.
+      ``T`` counts complete frames only (a frame cut short by a crash is left out).
+    """
+    with h5py.File(path, "r") as f:
+        n = min(n_committed(f), f[STEP].shape[0])
+        times = f[TIME][:n]
+        steps = f[STEP][:n]
+        values = {}
+        for name, ds in f.items():
+            if name in RESERVED or not isinstance(ds, h5py.Dataset):
+                continue
+            if variable_dims(ds)[:1] == (TIME,):
+                values[name] = ds[:n]
+    return times, steps, values
+
+
+def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
+    """Global attributes of an HDF5 file, text decoded to ``str``.
+
+    Args:
+      path: any HDF5 file.
+
+    Returns:
+      Attribute name -> value (``str`` for text, NumPy scalars/arrays otherwise).
+    """
+    with h5py.File(path, "r") as f:
+        return {k: decode_attr(v) for k, v in f.attrs.items()}
