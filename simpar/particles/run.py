@@ -81,9 +81,10 @@ from simpar.io.files import (
 )
 from simpar.io.meta import run_metadata, run_summary
 from simpar.memory import check_fits
-from simpar.parallel import distributed, domain
+from simpar.parallel import distributed
 from simpar.parallel.particles import shard_particles
 from simpar.particles import checkpoint as particle_checkpoint
+from simpar.particles import decomposed_sim as domain
 from simpar.particles import lattice, md, observables, potentials, space
 from simpar.progress import Progress
 
