@@ -1,4 +1,4 @@
-"""Lennard-Jones MD decomposed in space (``simpar.parallel.domain``) on pmap and shard_map.
+"""Lennard-Jones MD decomposed in space (``simpar.particles.decomposed_sim``) on pmap and shard_map.
 
 Every decomposed run is compared with the ``single`` engine (``md.Simulation``): neighbour
 rows are summed in atom-id order on both, so with FMA off (conftest) the trajectories agree
@@ -25,7 +25,7 @@ import pytest
 
 from simpar.config import dumps
 from simpar.errors import ConfigError
-from simpar.parallel import domain
+from simpar.particles import decomposed_sim as domain
 from simpar.parallel.hlo import collectives
 from simpar.particles import lattice, md, potentials, space
 from simpar.particles.run import run_config

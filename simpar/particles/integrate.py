@@ -55,7 +55,9 @@ def noise(key, n_draw: int, ids, dtype):
         ``k`` holds atom ``k`` (then ``C == n_draw`` and no gather is done).
       dtype: float dtype of the result.
     """
-    draw = jax.random.normal(key, (n_draw, 3), dtype)
+    # the barrier keeps the draw one loop of its own on every engine: fused into different
+    # consumers XLA:CPU may evaluate its log/erf-inverse differently (1 ulp; measured)
+    draw = jax.lax.optimization_barrier(jax.random.normal(key, (n_draw, 3), dtype))
     return draw if ids is None else draw[jnp.maximum(ids, 0)]
 
 
