@@ -97,6 +97,7 @@ class DomainSpec:
              self.nbr.column_capacity],
         )  # fmt: skip
 
+
 def min_sub_box(radius: float, skin: float) -> float:
     """The thinnest sub-box a split axis may have (sigma): ghosts reach ``MAX_HOPS``
     devices and migrating atoms one (an atom moves about ``skin / 2`` between builds)."""
@@ -163,7 +164,6 @@ def cell_layout(grid_shape, box, radius: float):
                 return (tuple(bool(g) for g in ghosts), tuple(int(x) for x in c), k, width,
                         extent)  # fmt: skip
     return (True, True, True), None, 1, None, extent
-
 
 
 def guess(grid: DeviceGrid, box, position, radius: float, skin: float, factor: float
@@ -269,5 +269,3 @@ def grow(spec: DomainSpec, needed, factor: float) -> dict:
         "max_neighbors": new[NEED_NBR],
         "column_capacity": new[NEED_COL],
     }
-
-

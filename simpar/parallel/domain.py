@@ -80,5 +80,3 @@ class _Mapper:
             return jax.jit(jax.shard_map(squeezed, mesh=self.mesh, in_specs=specs,
                                          out_specs=self.spec, check_vma=False))  # fmt: skip
         return jax.jit(squeezed)
-
-

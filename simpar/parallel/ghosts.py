@@ -238,8 +238,13 @@ def distribute(spec: DomainSpec, box, arrays: dict, step: int, key, e_pair=0.0, 
         for k in out:
             out[k][d, : sel.size] = np.asarray(arrays[k])[sel]
     rep = lambda x, dt: np.broadcast_to(np.asarray(x, dt), (n_dev,) + np.shape(x)).copy()  # noqa: E731
-    out.update(ids=ids, key=rep(key, np.uint32), step=rep(step, np.int32),
-               e_pair=rep(e_pair, dtype), virial=rep(virial, dtype))
+    out.update(
+        ids=ids,
+        key=rep(key, np.uint32),
+        step=rep(step, np.int32),
+        e_pair=rep(e_pair, dtype),
+        virial=rep(virial, dtype),
+    )
     return out, most
 
 
@@ -275,5 +280,3 @@ def collect(state, n_atoms: int, step=None) -> dict:
     for k in ("key", "step", "e_pair", "virial"):
         out[k] = np.asarray(getattr(state, k))[0]
     return out
-
-

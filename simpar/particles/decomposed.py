@@ -95,7 +95,6 @@ class DomainLists(NamedTuple):
     n_builds: jax.Array
 
 
-
 def make_spec(grid: DeviceGrid, box, n_atoms: int, *, cutoff: float, skin: float,
               capacity: int, migrate: int, send, max_neighbors: int, column_capacity: int,
               block: int = 4096) -> DomainSpec:  # fmt: skip
