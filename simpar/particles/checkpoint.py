@@ -47,6 +47,7 @@ import numpy as np
 
 from simpar.errors import ConfigError
 from simpar.parallel.capacity import NEED_COL, NEED_NBR
+from simpar.parallel.distributed import to_host
 from simpar.particles import md, neighbors
 from simpar.particles.neighbors import NeighborList, NeighborSpec
 
@@ -214,6 +215,27 @@ def lj_sim_from_checkpoint(
     )  # fmt: skip
     sim.nbrs = sim._repair(nbrs)  # regrows a smaller layout than the checkpoint's (rare)
     return sim
+
+
+def lj_to_checkpoint(sim, layout: bytes, start_step: int, snapshot: dict | None = None) -> dict:
+    """The checkpoint dict of any LJ simulation (the driver's one call).
+
+    Args:
+      sim: an ``md.Simulation`` (``single`` / ``sharded``: ``sim.hops`` is None) or a
+        ``decomposed_sim.DomainSimulation``.
+      layout: ``layout_name(engine, mesh, capacity)`` of this run.
+      start_step: first step of the run (frames are aligned to it).
+      snapshot: the decomposed run's ``snapshot()`` if already gathered (saves a gather).
+
+    Returns:
+      dict of NumPy arrays for ``simpar.io.checkpoint.save`` (a collective across processes
+      in multi-process runs: every process calls it).
+    """
+    if sim.hops is None:
+        n = int(np.sum(to_host(sim.state.valid)))
+        return lj_state_to_checkpoint(sim, n, layout, start_step, to_host)
+    g = sim.snapshot() if snapshot is None else snapshot
+    return domain_state_to_checkpoint(sim, g, layout, start_step)
 
 
 def nbody_state_to_checkpoint(state, step: int) -> dict[str, np.ndarray]:
