@@ -211,10 +211,14 @@ class Simulation(Regrowing):
         return np.asarray(nbrs.needed)
 
     def _regrow(self, nbrs) -> None:
-        """Grow the layout from ``nbrs.needed``; rebuild the list of the saved start."""
+        """Grow the layout from ``nbrs.needed`` and rebuild the saved start's list from the
+        positions of its last build (``ref_position``), as the decomposed engines do: the
+        same pairs as before, so a regrow never changes the trajectory or the build count
+        (a list built at the chunk's start would hold other pairs, beyond the cutoff but in
+        the radius, and shift the rebuild times and the force sums' rounding)."""
         self.spec = neighbors.regrow(self.spec, nbrs, self.capacity_factor)
-        new = self._rebuild(self.state)
-        self.nbrs = new._replace(n_builds=self.nbrs.n_builds + 1)  # count across regrows
+        new = self._rebuild(self.state._replace(position=self.nbrs.ref_position))
+        self.nbrs = new._replace(n_builds=self.nbrs.n_builds)
 
     def _commit(self, state, nbrs) -> None:
         self.state, self.nbrs = state, nbrs

@@ -98,7 +98,10 @@ def md_step(ensemble: str, space, pot, params, prov: Provider, state, nbrs, init
         r = jnp.where(init, state.position, r)
         v = jnp.where(init, state.velocity, v)
     dr = displacement(space, r, prov.reference(state, nbrs))
-    d2 = jnp.where(valid, jnp.sum(dr * dr, axis=-1), 0.0)
+    # x, y, z added in this order: a reduction (jnp.sum) may be associated differently in
+    # each engine's program, and one ulp at the threshold flips the rebuild decision
+    d2 = dr[:, 0] * dr[:, 0] + dr[:, 1] * dr[:, 1] + dr[:, 2] * dr[:, 2]
+    d2 = jnp.where(valid, d2, 0.0)
     rebuild = prov.reduce_max(jnp.max(d2)) > jnp.asarray((0.5 * prov.skin) ** 2, r.dtype)
     flag = False if init is None else init
     if init is not None:
