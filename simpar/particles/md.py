@@ -38,13 +38,12 @@ import numpy as np
 from simpar import precision
 from simpar.parallel.distributed import to_host
 from simpar.particles import error_codes, neighbors, observables
-from simpar.particles.forces import ROW_BLOCK_CPU, pair_forces
+from simpar.particles.forces import ROW_BLOCK_CPU as ROW_BLOCK_CPU  # former home: re-exported
+from simpar.particles.forces import pair_forces as pair_forces  # former home: re-exported
 from simpar.particles.neighbors import NeighborList, NeighborSpec
 from simpar.particles.potentials import PairPotential
 from simpar.particles.space import Space, volume, wrap
 from simpar.particles.step import Provider, Regrowing, md_step, run_steps
-
-__all__ = ["ROW_BLOCK_CPU", "pair_forces"]  # re-exported from ``forces`` (former home)
 
 ENSEMBLES = ("nve", "langevin")
 
