@@ -15,7 +15,8 @@ import pytest
 from simpar.config import dumps
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
-from simpar.particles import error_codes, lattice, md, neighbors, potentials, space
+from simpar.particles import checkpoint as particle_checkpoint
+from simpar.particles import decomposed_sim, error_codes, lattice, md, neighbors, potentials, space
 from simpar.particles.run import run_config
 
 F64 = jnp.float64
@@ -188,6 +189,29 @@ def test_overflow_sets_error_bits_stops_the_chunk_and_regrows():
     ref.advance(30)
     assert sim.regrows == 1 and sim.error == 0 and sim.step == 30 and sim.hops is None
     np.testing.assert_array_equal(sim.snapshot()["position"], np.asarray(ref.state.position))
+
+
+def test_one_interface_for_single_and_decomposed_simulations():
+    """``md.Simulation`` and the decomposed ``DomainSimulation`` (one device, ``local``)
+    answer the same driver interface with the same numbers, checkpoints included."""
+    r, v, spc, pot = lj_system(cells=4, temperature=1.44)
+    kw = dict(dt=0.005, ensemble="langevin", kt=1.0, gamma=1.0, key=jax.random.PRNGKey(4))
+    one = md.make_simulation(spc, pot, r, v, **kw)
+    dom = decomposed_sim.make_domain_simulation("local", (1,), spc, pot, r, v, **kw)
+    for sim in (one, dom):
+        sim.advance(30)
+    assert one.step == dom.step == 30 and one.builds == dom.builds and one.error == dom.error == 0
+    assert one.regrows == dom.regrows == 0 and one.hops is None and dom.hops == (1, 1, 1)
+    a, b = one.snapshot(), dom.snapshot()
+    for k in ("position", "velocity", "force", "key"):
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert a["step"] == b["step"] == 30
+    ta, tb = one.thermo(), dom.thermo()
+    assert ta.keys() == tb.keys() and ta["temperature"] == tb["temperature"]
+    ca = particle_checkpoint.lj_to_checkpoint(one, b"single:1:256", 0)
+    cb = particle_checkpoint.lj_to_checkpoint(dom, b"local:1:256", 0, snapshot=b)
+    for k in ("position", "velocity", "force", "nbr_ref_position", "key", "step"):
+        np.testing.assert_array_equal(ca[k], cb[k], err_msg=k)
 
 
 def test_langevin_seeded_and_reaches_temperature():
