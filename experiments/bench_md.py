@@ -14,7 +14,7 @@ Run (about 1-2 minutes on 2 CPU cores):
     .venv/bin/python experiments/bench_md.py [--cells 20] [--chunk 20] [--repeats 3]
 
 ``--engines single,pmap:1,pmap:2,shard_map:1,shard_map:2,pmap:8,shard_map:8`` adds the
-spatially decomposed engines (``simpar.parallel.domain``) on meshes of 1, 2 and 8 devices
+spatially decomposed engines (``simpar.particles.decomposed_sim``) on meshes of 1, 2 and 8 devices
 (8 virtual CPU devices share the cores: that measures the decomposition's overhead), with
 ratios to ``single`` from the same run, and the time split of one ``single`` step into
 neighbour build, forces, integration and (for the 1x1x1 decomposition) the ghost exchange.
@@ -48,8 +48,9 @@ import re  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from simpar.parallel import domain  # noqa: E402
+from simpar.parallel import ghosts  # noqa: E402
 from simpar.parallel.particles import shard_particles  # noqa: E402
+from simpar.particles import decomposed_sim as domain  # noqa: E402
 from simpar.particles import integrate, lattice, md, neighbors, potentials, space  # noqa: E402
 
 
@@ -180,9 +181,9 @@ def time_split(dtype, cells: int) -> dict:
     comm, dspec = dom.mapper.comm, dom.spec
     st = jax.tree.map(lambda x: x[0], dom.state)
     ls = jax.tree.map(lambda x: x[0], dom.lists)
-    fwd = jax.jit(lambda p, sends: domain._forward(dspec, comm, sends, p))
+    fwd = jax.jit(lambda p, sends: ghosts.forward(dspec, comm, sends, p))
     box = spc.box.astype(dtype)
-    bord = jax.jit(lambda p, ids: domain._borders(dspec, comm, box, p, ids)[4])
+    bord = jax.jit(lambda p, ids: ghosts.borders(dspec, comm, box, p, ids)[4])
     out["ghost_exchange"] = _best(fwd, st.position, ls.sends)
     out["ghost_borders"] = _best(bord, st.ref_position, st.ids)
     out["ghosts_per_atom"] = float(np.sum(np.asarray(ls.ghost_ids) >= 0)) / r.shape[0]
@@ -230,7 +231,7 @@ def collectives(cells: int = 10, n_dev: int = 8, mesh=(2, 2, 2)) -> dict:
     for f in found:
         per_comp.setdefault(f["computation"], []).append(f)
     dom = domain.make_domain_simulation("shard_map", mesh, spc, pot, r, v, dt=0.005, skin=0.3)
-    ghosts = np.asarray(dom.mapper.get(dom.lists.ghost_ids)) >= 0
+    ghost_mask = np.asarray(dom.mapper.get(dom.lists.ghost_ids)) >= 0
     itemsize = np.dtype(dtype).itemsize
     return {
         "n_atoms": n,
@@ -238,9 +239,11 @@ def collectives(cells: int = 10, n_dev: int = 8, mesh=(2, 2, 2)) -> dict:
         "sharded_collectives_by_computation": per_comp,
         "domain_mesh": list(mesh),
         "domain_ghost_slots_per_device": int(dom.spec.n_ghosts),
-        "domain_ghosts_per_device_mean": float(ghosts.sum(1).mean()),
+        "domain_ghosts_per_device_mean": float(ghost_mask.sum(1).mean()),
         "domain_bytes_sent_per_step_per_device_capacity": int(dom.spec.n_ghosts) * 3 * itemsize,
-        "domain_bytes_sent_per_step_per_device_used": float(ghosts.sum(1).mean()) * 3 * itemsize,
+        "domain_bytes_sent_per_step_per_device_used": float(ghost_mask.sum(1).mean())
+        * 3
+        * itemsize,
         "domain_collective_permutes_per_step": 2 * sum(m > 1 for m in mesh),
     }
 

@@ -4,19 +4,18 @@ The LJ keys are read by ``simpar.drive.lj_config.read_config`` (its module docst
 them); the shared options (engine, mesh, steps, ``output.every`` with its default of a tenth
 of the steps, path, checkpoint) by ``simpar.drive.loop.read_options``. Engines: ``single``
 and ``sharded`` (a 1-D particle mesh) run ``simpar.particles.md``; ``pmap`` and
-``shard_map`` cut a periodic box into sub-boxes (``simpar.parallel.domain``). The output is
+``shard_map`` cut a periodic box into sub-boxes (``simpar.particles.decomposed_sim``). The output is
 H5MD 1.1 (positions, velocities, optionally forces, the box, thermo observables and the
 Langevin RNG key at every frame; units: reduced LJ units sigma, epsilon, m).
 
-:func:`_simulation` is the one place that touches the simulation objects (creation,
-``advance``, ``thermo``, the global snapshot in atom-id order, the counters and the
-checkpoint arrays), so a change of their interface is a one-place edit here.
+:func:`_simulation` builds the simulation; single, sharded and decomposed simulations
+answer one interface (``advance``, ``thermo``, ``snapshot``, ``step``, ``regrows``,
+``builds``, ``hops``), which is all the rest of this adapter uses.
 """
 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -33,27 +32,21 @@ from simpar.particles import observables, potentials, space
 DOMAIN_ENGINES = lj_config.DOMAIN_ENGINES
 
 
-def _simulation(plan: LJPlan, ck: dict | None) -> SimpleNamespace:
-    """Build the simulation and return the calls the driver makes on it.
+def _simulation(plan: LJPlan, ck: dict | None):
+    """Build the simulation: ``md.Simulation`` (``single``, ``sharded``) or the decomposed
+    ``DomainSimulation`` (``pmap``, ``shard_map``), new or from checkpoint arrays ``ck``.
 
-    Args:
-      plan: the validated plan (positions ``(cap, 3)`` padded to a multiple of the devices).
-      ck: checkpoint arrays to continue from, or None.
-
-    Returns:
-      ``advance(k)``, ``thermo() -> dict``, ``snapshot() -> dict`` (global host arrays in
-      atom-id order: ``position``, ``velocity``, ``force`` ``(n, 3)``, ``key``, ``step``; a
-      collective across processes), ``step()``, ``counters() -> (regrows, builds, hops)``
-      and ``checkpoint(g) -> dict``.
+    Both answer one interface, which is all the driver uses: ``advance(k)``,
+    ``thermo() -> dict``, ``snapshot() -> dict`` (global host arrays in atom-id order,
+    ``position``/``velocity``/``force`` ``(n, 3)``, ``key``, ``step``; a collective across
+    processes), ``step``, ``regrows``, ``builds``, ``hops`` (None unless decomposed), and
+    ``simpar.particles.checkpoint.lj_to_checkpoint`` for the checkpoint arrays.
     """
-    from simpar.parallel import domain
     from simpar.parallel.particles import shard_particles
     from simpar.particles import checkpoint as pck
-    from simpar.particles import md
+    from simpar.particles import decomposed_sim, md
 
     cfg, n, cap, engine = plan.cfg, plan.n, plan.cap, plan.engine
-    host = distributed.to_host  # a collective in multi-process runs: every process calls it
-    layout = pck.layout_name(engine, plan.mesh, cap)
     common = dict(dt=cfg["dt"], ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"])
     build = dict(skin=cfg["skin"], step=plan.step0, max_neighbors=cfg["max_neighbors"],
                  capacity_factor=cfg["capacity_factor"], mass=cfg["mass"], key=plan.key)  # fmt: skip
@@ -62,46 +55,19 @@ def _simulation(plan: LJPlan, ck: dict | None) -> SimpleNamespace:
         placement = lambda tree: shard_particles(tree, plan.mesh[0], cap)  # noqa: E731
     if plan.decomposed:
         restore = None if ck is None else pck.lj_global_arrays(ck)
-        sim = domain.make_domain_simulation(
+        return decomposed_sim.make_domain_simulation(
             engine, plan.mesh, plan.space, plan.pot, plan.r, plan.v, restore=restore,
             **common, **build,
         )  # fmt: skip
-    elif ck is not None:
-        sim = pck.lj_sim_from_checkpoint(
-            ck, plan.space, plan.pot, capacity=cap, layout=layout,
+    if ck is not None:
+        return pck.lj_sim_from_checkpoint(
+            ck, plan.space, plan.pot, capacity=cap, layout=plan.layout,
             capacity_factor=cfg["capacity_factor"], placement=placement, **common,
         )  # fmt: skip
-    else:
-        sim = md.make_simulation(
-            plan.space, plan.pot, plan.r, plan.v, valid=np.arange(cap) < n,
-            placement=placement, **common, **build,
-        )  # fmt: skip
-
-    def snapshot():
-        if plan.decomposed:
-            return sim.global_state()  # checks the count and ids: "lost atoms" otherwise
-        s = sim.state
-        return {"position": host(s.position)[:n], "velocity": host(s.velocity)[:n],
-                "force": host(s.force)[:n], "key": host(s.key), "step": int(s.step)}  # fmt: skip
-
-    def checkpoint(g):
-        if plan.decomposed:
-            return pck.domain_state_to_checkpoint(sim, g, layout, plan.step0)
-        return pck.lj_state_to_checkpoint(sim, n, layout, plan.step0, host)
-
-    def counters():
-        if plan.decomposed:
-            return sim.regrows, sim.builds, list(sim.spec.hops)
-        return sim.regrows, int(sim.nbrs.n_builds), None
-
-    return SimpleNamespace(
-        advance=sim.advance,
-        thermo=sim.thermo,
-        snapshot=snapshot,
-        step=lambda: sim.current_step() if plan.decomposed else int(sim.state.step),
-        counters=counters,
-        checkpoint=checkpoint,
-    )
+    return md.make_simulation(
+        plan.space, plan.pot, plan.r, plan.v, valid=np.arange(cap) < n,
+        placement=placement, **common, **build,
+    )  # fmt: skip
 
 
 def _not_appendable(path, err) -> ConfigError:
@@ -168,14 +134,17 @@ class LJPlan(Plan):
                     f"engine {c.engine!r} cuts a periodic box into sub-boxes; free space "
                     "runs on 'single' or 'sharded'",
                 )
-            from simpar.parallel import domain
+            from simpar.parallel.capacity import check_mesh
 
-            domain.check_mesh(self.mesh, box, cfg["cutoff"] + cfg["skin"], cfg["skin"])
+            check_mesh(self.mesh, box, cfg["cutoff"] + cfg["skin"], cfg["skin"])
         self.first_step = self.step0
         dtype = jnp.dtype(cfg["dtype"])
         self.n = n = r.shape[0]
         ndev = 1 if self.decomposed else self.mesh[0]
         self.cap = cap = -(-n // ndev) * ndev
+        from simpar.particles.checkpoint import layout_name
+
+        self.layout = layout_name(c.engine, self.mesh, cap)
         pad = lambda x: np.concatenate([x, np.zeros((cap - n,) + x.shape[1:], x.dtype)])  # noqa: E731
         self.r, self.v, self.box = pad(r), pad(v), box
         self.space = (space.periodic if cfg["boundary"] == "periodic" else space.free)(box, dtype)
@@ -242,13 +211,8 @@ class LJRun(Run):
     def advance(self, k: int, last_good: str) -> None:
         try:
             self.sim.advance(k)
-        except RuntimeError as err:
-            raise SimulationError(
-                self.sim.step(),
-                f"neighbour list overflow could not be repaired ({err})",
-                "raise neighbors.max_neighbors or check for collapsing particles",
-                last_good,
-            ) from None
+        except SimulationError as err:  # decoded error bits that a regrow could not repair
+            raise SimulationError(err.step, err.reason, err.hint, last_good) from None
 
     def snapshot(self) -> dict:
         if self._snap is None:
@@ -266,7 +230,9 @@ class LJRun(Run):
         return observables.format_thermo(step, th, header=first)
 
     def checkpoint_state(self, g, step) -> dict:
-        return self.sim.checkpoint(g)
+        from simpar.particles.checkpoint import lj_to_checkpoint
+
+        return lj_to_checkpoint(self.sim, self.plan.layout, self.plan.step0, snapshot=g)
 
     def open_writer(self, path, *, resume_step, overwrite, key):
         from simpar.io import h5md
@@ -303,7 +269,8 @@ class LJRun(Run):
 
     def summary(self, th0, th, steps_run, wall) -> dict:
         n = self.plan.n
-        regrows, builds, hops = self.sim.counters()
+        sim = self.sim
+        hops = None if sim.hops is None else list(sim.hops)
         return dict(
             rate=n * steps_run / wall if wall > 0 else float("nan"),
             rate_unit="atom_steps/s",
@@ -312,8 +279,8 @@ class LJRun(Run):
             details={
                 "n_atoms": n,
                 "energy_drift": th["total_energy"] - th0["total_energy"],
-                "regrows": regrows,
-                "neighbor_builds": builds,
+                "regrows": sim.regrows,
+                "neighbor_builds": sim.builds,
                 "ghost_hops": hops,
             },
         )

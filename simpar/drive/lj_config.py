@@ -76,7 +76,7 @@ from simpar.io import h5md
 from simpar.memory import check_fits
 from simpar.particles import lattice, md, potentials
 
-DOMAIN_ENGINES = ("pmap", "shard_map")  # spatial decomposition (simpar.parallel.domain)
+DOMAIN_ENGINES = ("pmap", "shard_map")  # spatial decomposition (simpar.particles.decomposed_sim)
 
 
 def read_config(root: Section) -> dict:

@@ -46,6 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar.errors import ConfigError
+from simpar.parallel.capacity import NEED_COL, NEED_NBR
+from simpar.parallel.distributed import to_host
 from simpar.particles import md, neighbors
 from simpar.particles.neighbors import NeighborList, NeighborSpec
 
@@ -193,14 +195,14 @@ def lj_sim_from_checkpoint(
     same = bytes(ck["layout"]) == bytes(layout) and "layout_nbr_idx" in ck
     if same and ck["layout_nbr_idx"].shape == (capacity, spec.max_neighbors):
         idx = jnp.asarray(ck["layout_nbr_idx"], jnp.int32)
-        overflow = jnp.asarray(False)
+        error = jnp.int32(0)
     else:  # another engine/mesh: the same neighbours from the same reference positions
         built = jax.jit(neighbors.build, static_argnums=0)(spec, space, ref, state.valid)
-        idx, overflow = built.idx, built.did_overflow
+        idx, error = built.idx, built.error
     nbrs = NeighborList(
         idx,
         ref,
-        overflow,
+        error,
         jnp.asarray(ck["nbr_needed"], jnp.int32),
         jnp.asarray(ck["nbr_n_builds"], jnp.int32),
     )
@@ -211,9 +213,29 @@ def lj_sim_from_checkpoint(
         ensemble, space, pot, params, spec, state, nbrs, capacity_factor, placement,
         regrows=int(ck["regrows"]),
     )  # fmt: skip
-    if bool(nbrs.did_overflow):  # a smaller layout than the checkpoint's (rare)
-        sim.nbrs = sim._repair(nbrs)
+    sim.nbrs = sim._repair(nbrs)  # regrows a smaller layout than the checkpoint's (rare)
     return sim
+
+
+def lj_to_checkpoint(sim, layout: bytes, start_step: int, snapshot: dict | None = None) -> dict:
+    """The checkpoint dict of any LJ simulation (the driver's one call).
+
+    Args:
+      sim: an ``md.Simulation`` (``single`` / ``sharded``: ``sim.hops`` is None) or a
+        ``decomposed_sim.DomainSimulation``.
+      layout: ``layout_name(engine, mesh, capacity)`` of this run.
+      start_step: first step of the run (frames are aligned to it).
+      snapshot: the decomposed run's ``snapshot()`` if already gathered (saves a gather).
+
+    Returns:
+      dict of NumPy arrays for ``simpar.io.checkpoint.save`` (a collective across processes
+      in multi-process runs: every process calls it).
+    """
+    if sim.hops is None:
+        n = int(np.sum(to_host(sim.state.valid)))
+        return lj_state_to_checkpoint(sim, n, layout, start_step, to_host)
+    g = sim.snapshot() if snapshot is None else snapshot
+    return domain_state_to_checkpoint(sim, g, layout, start_step)
 
 
 def nbody_state_to_checkpoint(state, step: int) -> dict[str, np.ndarray]:
@@ -237,7 +259,7 @@ def nbody_state_from_checkpoint(ck: dict):
 
 def lj_global_arrays(ck: dict) -> dict:
     """The engine-independent LJ arrays of a checkpoint, named as
-    ``simpar.parallel.domain.DomainSimulation.global_state`` returns them."""
+    ``simpar.particles.decomposed_sim.DomainSimulation.global_state`` returns them."""
     _require(ck, ("position", "nbr_ref_position"), "Lennard-Jones")
     return {
         "position": np.asarray(ck["position"]),
@@ -253,7 +275,7 @@ def lj_global_arrays(ck: dict) -> dict:
 
 
 def domain_state_to_checkpoint(sim, g: dict, layout: bytes, start_step: int) -> dict:
-    """A checkpoint dict of a spatially decomposed run (``simpar.parallel.domain``).
+    """A checkpoint dict of a spatially decomposed run (``simpar.particles.decomposed_sim``).
 
     Args:
       sim: the ``DomainSimulation``; g: its ``global_state()`` (atom-id order).
@@ -264,8 +286,6 @@ def domain_state_to_checkpoint(sim, g: dict, layout: bytes, start_step: int) -> 
     decomposition resumes from the global arrays alone). No ``layout_*`` arrays: the
     ghosts and the list are rebuilt from ``nbr_ref_position`` (the same list).
     """
-    from simpar.parallel import domain as dom
-
     n = g["position"].shape[0]
     nspec = sim.spec.nbr
     cells, reach, origin, width = neighbors._layout(
@@ -287,7 +307,7 @@ def domain_state_to_checkpoint(sim, g: dict, layout: bytes, start_step: int) -> 
         "e_pair": np.asarray(g["e_pair"]),
         "virial": np.asarray(g["virial"]),
         "nbr_ref_position": g["ref_position"],
-        "nbr_needed": needed[[dom.NEED_NBR, dom.NEED_COL]].astype(np.int32),
+        "nbr_needed": needed[[NEED_NBR, NEED_COL]].astype(np.int32),
         "nbr_n_builds": np.int32(sim.builds),
         "regrows": np.int64(sim.regrows),
         "start_step": np.int64(start_step),

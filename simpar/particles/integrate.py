@@ -41,6 +41,26 @@ def verlet_drift(position, velocity, force, mass, dt, shift_fn):
     return position, velocity
 
 
+def noise(key, n_draw: int, ids, dtype):
+    """Standard normal Langevin noise picked by atom id, float[C, 3].
+
+    One normal triple is drawn for each of ``n_draw`` atoms of the whole system and slot
+    ``k`` takes the row of its atom ``ids[k]``, so a seed gives the same trajectory on every
+    engine and mesh, whatever slot an atom sits in.
+
+    Args:
+      key: ``jax.random`` key (used once).
+      n_draw: static, rows drawn (atoms in the system; slots on one device).
+      ids: int32[C] global atom id per slot (-1: empty slot, gets row 0), or None when slot
+        ``k`` holds atom ``k`` (then ``C == n_draw`` and no gather is done).
+      dtype: float dtype of the result.
+    """
+    # the barrier keeps the draw one loop of its own on every engine: fused into different
+    # consumers XLA:CPU may evaluate its log/erf-inverse differently (1 ulp; measured)
+    draw = jax.lax.optimization_barrier(jax.random.normal(key, (n_draw, 3), dtype))
+    return draw if ids is None else draw[jnp.maximum(ids, 0)]
+
+
 def baoab_drift(position, velocity, force, mass, dt, gamma, kt, noise, shift_fn):
     """The BAOAB stages before the force evaluation (B, A, O, A).
 
@@ -93,9 +113,7 @@ def langevin_baoab(
       (position, velocity, force, aux, key) at t + dt.
     """
     key, sub = jax.random.split(key)
-    noise = jax.random.normal(sub, velocity.shape, velocity.dtype)
-    position, velocity = baoab_drift(
-        position, velocity, force, mass, dt, gamma, kt, noise, shift_fn
-    )
+    xi = noise(sub, velocity.shape[0], None, velocity.dtype)
+    position, velocity = baoab_drift(position, velocity, force, mass, dt, gamma, kt, xi, shift_fn)
     force, aux = force_fn(position)
     return position, kick(velocity, force, mass, dt), force, aux, key

@@ -6,16 +6,23 @@ Contract:
     and virial. Changing N or the neighbour capacities recompiles.
   * ``MDParams`` holds what a user may sweep or differentiate (``dt``, ``kt``, ``gamma``) as
     array leaves of the state dtype.
-  * ``run_chunk`` (jitted) advances ``n`` steps inside one ``lax.while_loop``; the neighbour
-    list is rebuilt inside the loop (``lax.cond``) whenever a particle moved more than half
-    the skin, and the loop stops early once a capacity overflowed.
-  * ``Simulation`` is the host loop: it runs chunks, and when the neighbour list reports an
-    overflow it regrows the capacities and redoes the chunk from its saved start state,
-    so no interaction is ever dropped.
+  * ``run_chunk`` (jitted) advances ``n`` steps of the one MD step (``step.md_step``) with a
+    local Verlet list (``local_provider``): the list is rebuilt inside the loop whenever a
+    particle moved more than half the skin, and the loop stops early once a capacity
+    overflowed (``NeighborList.error``, ``error_codes``).
+  * ``Simulation`` is the host loop (``step.Regrowing``): it runs chunks, and when the
+    neighbour list reports an overflow it regrows the capacities and redoes the chunk from
+    its saved start state, so no interaction is ever dropped.
 
 The same jitted code runs on ``single`` (arrays on one device) and ``sharded`` (particle
 arrays placed with ``NamedSharding`` over a 1-D mesh with ``AxisType.Auto``; XLA partitions
-the computation; the placement helper is ``simpar.parallel.particles.shard_particles``).
+the computation; the placement helper is ``simpar.parallel.particles.shard_particles``). The
+decomposed engines run the same step with ghosts (``simpar.particles.decomposed``).
+
+Every simulation (``Simulation`` here, ``decomposed_sim.DomainSimulation``) offers the same
+interface to a driver: ``advance(k)``, ``thermo() -> dict``, ``snapshot() -> dict`` (global
+host arrays in atom-id order: position, velocity, force float[n, 3], key, step), ``step``,
+``regrows``, ``builds``, ``hops`` (None here) and ``error`` (``error_codes`` bits).
 """
 
 from __future__ import annotations
@@ -29,10 +36,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
-from simpar.particles import integrate, neighbors, observables
+from simpar.parallel.distributed import to_host
+from simpar.particles import error_codes, neighbors, observables
+from simpar.particles.forces import ROW_BLOCK_CPU as ROW_BLOCK_CPU  # former home: re-exported
+from simpar.particles.forces import pair_forces as pair_forces  # former home: re-exported
 from simpar.particles.neighbors import NeighborList, NeighborSpec
-from simpar.particles.potentials import PairPotential, pair_terms
+from simpar.particles.potentials import PairPotential
 from simpar.particles.space import Space, volume, wrap
+from simpar.particles.step import Provider, Regrowing, md_step, run_steps
 
 ENSEMBLES = ("nve", "langevin")
 
@@ -95,79 +106,6 @@ def make_params(dt: float, kt: float = 0.0, gamma: float = 0.0, dtype=None) -> M
     return MDParams(a(dt), a(kt), a(gamma))
 
 
-ROW_BLOCK_CPU = 1024  # neighbour rows per pass on CPU (see ``pair_forces``)
-
-
-def _row_block() -> int | None:
-    """Rows per pass of the force kernel: ``ROW_BLOCK_CPU`` on CPU, None (one pass) on
-    accelerators, whose kernels want all rows at once."""
-    return ROW_BLOCK_CPU if jax.default_backend() == "cpu" else None
-
-
-def _pair_rows(pot, space, r, idx, cols, energy: bool):
-    """``pair_forces`` for rows ``r`` (float[B, 3]) against ``cols``: the neighbours'
-    coordinates one axis at a time, each float[K + 1] ending with the padding entry."""
-    mask = idx < cols[0].shape[0] - 1
-    # Structure-of-arrays gathers (one coordinate at a time) vectorise better on CPU
-    # than gathering (N, M, 3) rows.
-    comps, r2 = [], jnp.zeros(idx.shape, r.dtype)
-    for d in range(3):
-        dx = r[:, d, None] - cols[d][idx]
-        if space.periodic:
-            box = space.box[d].astype(r.dtype)
-            dx = dx - box * jnp.round(dx * (1.0 / box))  # one division, not one per pair
-        comps.append(dx)
-        r2 = r2 + dx * dx
-    e, f_over_r = pair_terms(pot, r2, mask)
-    force = jnp.stack([jnp.sum(f_over_r * dx, axis=1) for dx in comps], axis=-1)
-    if not energy:
-        return force
-    return force, 0.5 * jnp.sum(e), 0.5 * jnp.sum(f_over_r * r2)
-
-
-def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, others=None,
-                block: int | None = -1):  # fmt: skip
-    """Forces, pair energy and virial from a full neighbour list.
-
-    Args:
-      pot: pair potential.
-      space: the space.
-      r: float[N, 3] positions (sigma) of the particles whose forces are wanted.
-      idx: int32[N, M] neighbour indices into ``others``, padded with ``len(others)``.
-      energy: static; False returns the force alone (the time steps need nothing else,
-        and the two extra reductions cost ~40% of the kernel on CPU).
-      others: float[K, 3] positions of the neighbours (default ``r``); a domain block
-        passes its owned atoms followed by its ghosts.
-      block: rows per pass (static): the kernel runs over ``block`` rows at a time
-        (``lax.map``), so its (rows, M) temporaries stay in cache: on CPU 4x faster than
-        one pass over 32,000 x 96 slots. The forces equal one pass's bit for bit with FMA
-        off (as the tests run); with FMA on XLA may contract differently per pass (float32:
-        4e-7 of the largest force). -1 (default): 1,024 on CPU, one pass on accelerators;
-        None: one pass.
-
-    Returns:
-      (force float[N, 3], e_pair scalar, virial scalar); each pair is seen twice in a
-      full list, hence the factors 1/2 (in a domain block: the block's share). Only the
-      force when ``energy`` is False.
-    """
-    src = r if others is None else others
-    cols = [jnp.concatenate([src[:, d], jnp.zeros(1, r.dtype)]) for d in range(3)]
-    block = _row_block() if block == -1 else block
-    n_rows = r.shape[0]
-    if block is None or n_rows <= block:
-        return _pair_rows(pot, space, r, idx, cols, energy)
-    nb = -(-n_rows // block)
-    pad = nb * block - n_rows
-    rb = jnp.concatenate([r, jnp.zeros((pad, 3), r.dtype)]).reshape(nb, block, 3)
-    fill = jnp.full((pad, idx.shape[1]), src.shape[0], idx.dtype)
-    ib = jnp.concatenate([idx, fill]).reshape(nb, block, idx.shape[1])
-    out = jax.lax.map(lambda a: _pair_rows(pot, space, a[0], a[1], cols, energy), (rb, ib))
-    if not energy:
-        return out.reshape(nb * block, 3)[:n_rows]
-    force, e, w = out
-    return force.reshape(nb * block, 3)[:n_rows], jnp.sum(e), jnp.sum(w)
-
-
 def compute_forces(spec: NeighborSpec, space: Space, pot: PairPotential, state: MDState,
                    nbrs: NeighborList) -> MDState:  # fmt: skip
     """``state`` with force, e_pair and virial recomputed at its positions."""
@@ -176,32 +114,24 @@ def compute_forces(spec: NeighborSpec, space: Space, pot: PairPotential, state: 
     return state._replace(force=f, e_pair=e, virial=w)
 
 
-def _step(ensemble, spec, space, pot, params, state, nbrs):
-    valid = state.valid
+def local_provider(spec: NeighborSpec, space: Space) -> Provider:
+    """The neighbour provider of ``single`` and ``sharded``: a Verlet list over the state's
+    own slots (slot ``k`` holds atom ``k``), rebuilt by ``neighbors.build``."""
 
-    def force_fn(r):
-        nb = neighbors.update(spec, space, nbrs, r, valid)
-        f = pair_forces(pot, space, r, nb.idx, energy=False)
-        return jnp.where(valid[:, None], f, 0.0), nb
+    def rebuild(s, nb, _init):
+        return s, neighbors.merge(nb, neighbors.build(spec, space, s.position, s.valid))
 
-    shift = functools.partial(wrap, space)
-    key = state.key
-    if ensemble == "nve":
-        r, v, f, nb = integrate.velocity_verlet(
-            state.position, state.velocity, state.force, state.mass, params.dt,
-            force_fn, shift,
-        )  # fmt: skip
-    else:
-        r, v, f, nb, key = integrate.langevin_baoab(
-            state.position, state.velocity, state.force, state.mass, params.dt,
-            params.gamma, params.kt, state.key, force_fn, shift,
-        )  # fmt: skip
-        v = jnp.where(valid[:, None], v, 0.0)
-        r = jnp.where(valid[:, None], r, state.position)
-    # e_pair / virial are refreshed once per chunk (run_chunk), not every step
-    new = MDState(r, v, f, state.mass, valid, key, state.step + 1, state.e_pair,
-                  state.virial)  # fmt: skip
-    return new, nb
+    return Provider(
+        skin=spec.skin,
+        n_draw=spec.capacity,
+        valid=lambda s: s.valid,
+        ids=lambda s: None,
+        reference=lambda s, nb: nb.ref_position,
+        reduce_max=lambda x: x,
+        rebuild=rebuild,
+        refresh=lambda s, nb, _init: (s, nb),
+        others=lambda s, nb: None,
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -217,19 +147,11 @@ def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotentia
       n_steps: int scalar (traced: one compilation serves every chunk length).
 
     Returns:
-      (state, nbrs) after the chunk; check ``nbrs.did_overflow`` before trusting it.
+      (state, nbrs) after the chunk; check ``nbrs.error`` before trusting it.
     """
-
-    def cond(carry):
-        i, _, nb = carry
-        return (i < n_steps) & ~nb.did_overflow
-
-    def body(carry):
-        i, s, nb = carry
-        s, nb = _step(ensemble, spec, space, pot, params, s, nb)
-        return i + 1, s, nb
-
-    _, state, nbrs = jax.lax.while_loop(cond, body, (jnp.int32(0), state, nbrs))
+    prov = local_provider(spec, space)
+    step_fn = functools.partial(md_step, ensemble, space, pot, params, prov)
+    state, nbrs = run_steps(step_fn, state, nbrs, n_steps)
     _, e, w = pair_forces(pot, space, state.position, nbrs.idx)
     return state._replace(e_pair=e, virial=w), nbrs
 
@@ -243,7 +165,7 @@ def thermo(space: Space, state: MDState) -> dict[str, jax.Array]:
 
 
 @dataclasses.dataclass
-class Simulation:
+class Simulation(Regrowing):
     """Host-side driver of an MD run (owns the static layout, regrows on overflow).
 
     Attributes:
@@ -276,40 +198,97 @@ class Simulation:
             nbrs = self.placement(nbrs)
         return nbrs
 
-    def _repair(self, nbrs):
-        """Regrow the layout from ``nbrs.needed``; returns a list built for ``self.state``."""
-        builds = self.nbrs.n_builds
-        for _ in range(self.max_regrows):
-            self.spec = neighbors.regrow(self.spec, nbrs, self.capacity_factor)
-            self.regrows += 1
-            nbrs = self._rebuild(self.state)
-            builds = builds + 1
-            nbrs = nbrs._replace(n_builds=builds)  # keep counting across regrows
-            if not bool(nbrs.did_overflow):
-                return nbrs
-        raise RuntimeError(
-            f"neighbour list still overflows after {self.max_regrows} regrows "
-            f"(needed {np.asarray(nbrs.needed).tolist()})"
-        )
+    # the regrow loop's hooks (step.Regrowing) ---------------------------------------------
+    def _chunk(self, n_steps: int):
+        return run_chunk(self.ensemble, self.spec, self.space, self.pot, self.params,
+                         self.state, self.nbrs, jnp.int32(n_steps))  # fmt: skip
 
-    def advance(self, n_steps: int) -> MDState:
-        """Run ``n_steps`` steps; on overflow regrow and redo the chunk (never drops)."""
-        if bool(self.nbrs.did_overflow):
-            self.nbrs = self._repair(self.nbrs)
-        while True:
-            state, nbrs = run_chunk(
-                self.ensemble, self.spec, self.space, self.pot, self.params,
-                self.state, self.nbrs, jnp.int32(n_steps),
-            )  # fmt: skip
-            if not bool(nbrs.did_overflow):
-                break
-            self.nbrs = self._repair(nbrs)  # redo the chunk from self.state
+    def _error(self, nbrs) -> int:
+        return int(np.asarray(nbrs.error))
+
+    def _needed(self, nbrs):
+        return np.asarray(nbrs.needed)
+
+    def _regrow(self, nbrs) -> None:
+        """Grow the layout from ``nbrs.needed`` and rebuild the saved start's list from the
+        positions of its last build (``ref_position``), as the decomposed engines do: the
+        same pairs as before, so a regrow never changes the trajectory or the build count
+        (a list built at the chunk's start would hold other pairs, beyond the cutoff but in
+        the radius, and shift the rebuild times and the force sums' rounding)."""
+        self.spec = neighbors.regrow(self.spec, nbrs, self.capacity_factor)
+        new = self._rebuild(self.state._replace(position=self.nbrs.ref_position))
+        self.nbrs = new._replace(n_builds=self.nbrs.n_builds)
+
+    def _commit(self, state, nbrs) -> None:
         self.state, self.nbrs = state, nbrs
-        return state
+
+    def _step_of(self, state) -> int:
+        return int(np.asarray(state.step))
+
+    def _repair(self, nbrs):
+        """Regrow until a list built for ``self.state`` fits; returns it (set-up, resume).
+
+        Raises:
+          SimulationError: still overflowing after ``max_regrows`` regrows.
+        """
+        for _ in range(self.max_regrows):
+            if not self._error(nbrs):
+                return nbrs
+            self._regrow(nbrs)
+            self.regrows += 1
+            nbrs = self.nbrs
+        if self._error(nbrs):
+            raise error_codes.decode(
+                self._error(nbrs), self.step,
+                f"still overflowing after {self.max_regrows} regrows; needed "
+                f"{self._needed(nbrs).tolist()}",
+            )  # fmt: skip
+        return nbrs
+
+    # the driver's interface -----------------------------------------------------------------
+    def advance(self, n_steps: int) -> MDState:
+        """Run ``n_steps`` steps; on overflow regrow and redo the chunk (never drops).
+
+        Raises:
+          SimulationError: capacities still overflowing after ``max_regrows`` regrows.
+        """
+        self._advance(n_steps)
+        return self.state
 
     def thermo(self) -> dict[str, float]:
         """Current thermo values as Python floats."""
         return {k: float(v) for k, v in thermo(self.space, self.state).items()}
+
+    @property
+    def step(self) -> int:
+        """The step counter of the state."""
+        return int(to_host(self.state.step))
+
+    def current_step(self) -> int:
+        """The step counter (``step``; the decomposed simulation's name)."""
+        return self.step
+
+    @property
+    def builds(self) -> int:
+        """Neighbour-list builds so far (regrows included)."""
+        return int(to_host(self.nbrs.n_builds))
+
+    @property
+    def error(self) -> int:
+        """The ``error_codes`` bits of the current list (0 after every ``advance``)."""
+        return int(to_host(self.nbrs.error))
+
+    hops = None  # ghost hops per axis: none on one device or ``sharded``
+
+    def snapshot(self) -> dict:
+        """Global host arrays in atom-id order (only the occupied slots): ``position``,
+        ``velocity``, ``force`` float[n, 3], ``key`` uint32[2], ``step`` int (a collective
+        across processes in multi-process runs: every process calls it)."""
+        s = self.state
+        valid = np.asarray(to_host(s.valid), bool)
+        return {"position": to_host(s.position)[valid], "velocity": to_host(s.velocity)[valid],
+                "force": to_host(s.force)[valid], "key": to_host(s.key),
+                "step": int(to_host(s.step))}  # fmt: skip
 
 
 def make_simulation(
@@ -378,7 +357,6 @@ def make_simulation(
     if placement is not None:
         state, nbrs, space, pot, params = placement((state, nbrs, space, pot, params))
     sim = Simulation(ensemble, space, pot, params, spec, state, nbrs, capacity_factor, placement)
-    if bool(nbrs.did_overflow):
-        sim.nbrs = sim._repair(nbrs)
+    sim.nbrs = sim._repair(nbrs)
     sim.state = jax.jit(compute_forces, static_argnums=0)(sim.spec, space, pot, state, sim.nbrs)
     return sim

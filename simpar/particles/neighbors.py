@@ -4,16 +4,16 @@ Contract (JAX-MD style): ``allocate`` runs on the host, measures how many neighb
 cell-column entries the configuration needs and returns a static ``NeighborSpec`` (hashable;
 changing it recompiles) with some head-room, plus a built ``NeighborList``. ``build`` and
 ``update`` are jittable and never change shapes. When a capacity is too small the list sets
-``did_overflow`` (sticky) and records in ``needed`` what it would have needed; entries are
-then missing, so the caller must regrow (``regrow``) and redo the work. Nothing is dropped
-silently.
+a bit of its int32 ``error`` (``error_codes.NEIGHBORS`` / ``CELLS``; sticky) and records in
+``needed`` what it would have needed; entries are then missing, so the caller must regrow
+(``regrow``) and redo the work. Nothing is dropped silently.
 
 The list is a *full* list: row i holds every j != i with ``|r_i - r_j| < cutoff + skin``,
 sorted by the particles' global ids (by index when no ids are given) and padded with the
 sentinel ``capacity``. The fixed order makes the per-row force sums independent of how the
-particles are laid out in memory, so a domain-decomposed run (``simpar.parallel.domain``)
-sums every atom's force in the same order as a single-device run and follows it bitwise. Forces are gathered per row, so no
-scatter is needed. ``needs_rebuild`` implements the exact policy: rebuild as soon as any
+particles are laid out in memory, so a domain-decomposed run (``simpar.particles.decomposed``)
+sums every atom's force in the same order as a single-device run and follows it bitwise.
+Forces are gathered per row, so no scatter is needed. ``needs_rebuild`` implements the exact policy: rebuild as soon as any
 particle moved more than ``skin / 2`` since the last build, which guarantees that no pair
 within the cutoff is missing.
 
@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar.particles import error_codes
 from simpar.particles.space import Space, displacement
 
 _BIG = np.iinfo(np.int32).max  # sort key of the sentinel entries
@@ -83,16 +84,22 @@ class NeighborList(NamedTuple):
     Attributes:
       idx: int32[R, M], neighbour indices, padded with N (R = ``spec.rows`` or N).
       ref_position: float[R, 3], positions of the rows at the last build (sigma).
-      did_overflow: bool[], a capacity was too small at some build (sticky).
+      error: int32[], ``error_codes`` bits: a capacity was too small at some build
+        (``NEIGHBORS``: max_neighbors, ``CELLS``: column_capacity; sticky).
       needed: int32[2], largest (neighbours per row, column entries) seen at any build.
       n_builds: int32[], number of builds since allocation.
     """
 
     idx: jax.Array
     ref_position: jax.Array
-    did_overflow: jax.Array
+    error: jax.Array
     needed: jax.Array
     n_builds: jax.Array
+
+    @property
+    def did_overflow(self):
+        """bool[]: some capacity overflowed (``error != 0``; the former field)."""
+        return self.error != 0
 
 
 def _column_ranges(spec: NeighborSpec, space: Space, r, valid):
@@ -310,10 +317,27 @@ def build(
         rank = jnp.zeros(n + 1, jnp.int32).at[by_id].set(jnp.arange(n + 1, dtype=jnp.int32))
         idx = by_id[jnp.sort(rank[idx], axis=1)]
     needed = jnp.stack([jnp.max(cnt), jnp.max(col)]).astype(jnp.int32)
-    overflow = needed[0] > m
+    return NeighborList(idx, r[:nrow], error_bits(spec, needed), needed, jnp.int32(1))
+
+
+def error_bits(spec: NeighborSpec, needed):
+    """int32[] ``error_codes`` bits of the capacities that ``needed`` (int32[2]: neighbours
+    per row, column entries) exceeds."""
+    err = jnp.where(needed[0] > spec.max_neighbors, error_codes.NEIGHBORS, 0)
     if spec.cells is not None:
-        overflow = overflow | (needed[1] > spec.column_capacity)
-    return NeighborList(idx, r[:nrow], overflow, needed, jnp.int32(1))
+        err = err | jnp.where(needed[1] > spec.column_capacity, error_codes.CELLS, 0)
+    return err.astype(jnp.int32)
+
+
+def merge(old: NeighborList, new: NeighborList) -> NeighborList:
+    """A fresh list ``new`` carrying ``old``'s sticky errors, needs and build count."""
+    return NeighborList(
+        new.idx,
+        new.ref_position,
+        old.error | new.error,
+        jnp.maximum(old.needed, new.needed),
+        old.n_builds + 1,
+    )
 
 
 def needs_rebuild(spec: NeighborSpec, space: Space, nbrs: NeighborList, r, valid):
@@ -327,14 +351,7 @@ def update(spec: NeighborSpec, space: Space, nbrs: NeighborList, r, valid) -> Ne
     """Rebuild the list if ``needs_rebuild`` (jittable); flags and needs accumulate."""
 
     def rebuild(_):
-        new = build(spec, space, r, valid)
-        return NeighborList(
-            new.idx,
-            new.ref_position,
-            nbrs.did_overflow | new.did_overflow,
-            jnp.maximum(nbrs.needed, new.needed),
-            nbrs.n_builds + 1,
-        )
+        return merge(nbrs, build(spec, space, r, valid))
 
     return jax.lax.cond(needs_rebuild(spec, space, nbrs, r, valid), rebuild, lambda _: nbrs, None)
 

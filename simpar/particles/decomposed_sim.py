@@ -1,0 +1,297 @@
+"""Host driver of decomposed Lennard-Jones MD: ``DomainSimulation`` and
+``make_domain_simulation`` (engines ``pmap``, ``shard_map`` and the one-device ``local``).
+
+``DomainSimulation`` offers the driver interface of ``md.Simulation``: ``advance(k)``,
+``thermo()``, ``snapshot()`` (global host arrays in atom-id order), ``step``, ``regrows``,
+``builds``, ``hops`` and ``error``; the overflow -> regrow -> redo loop is ``step.Regrowing``,
+the same as ``md.Simulation``'s. The host checks the atom count and the ids whenever it
+gathers the state (``global_state``); a mismatch is a ``SimulationError`` ("lost atoms").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simpar.errors import ConfigError
+from simpar.parallel.capacity import DomainSpec, check_mesh, grow, guess, round8
+from simpar.parallel.domain import _Mapper
+from simpar.parallel.ghosts import collect, distribute
+from simpar.parallel.topology import DeviceGrid
+from simpar.particles import md
+from simpar.particles.decomposed import (
+    DomainLists,
+    DomainState,
+    chunk_block,
+    empty_lists,
+    make_spec,
+    thermo_block,
+)
+from simpar.particles.potentials import PairPotential
+from simpar.particles.space import Space, wrap
+from simpar.particles.step import Regrowing
+
+__all__ = ["DomainSimulation", "check_mesh", "make_domain_simulation"]
+
+_COMPILED: dict = {}  # (name, engine, devices, grid, spec, ensemble) -> mapped program
+
+
+@dataclasses.dataclass
+class DomainSimulation(Regrowing):
+    """Host driver of a decomposed MD run (mirrors ``md.Simulation``).
+
+    Attributes:
+      engine: ``"pmap"``, ``"shard_map"`` or ``"local"`` (one device, ``LocalComm``).
+      spec: static layout (regrown on overflow); state, lists: device arrays with a
+        leading device axis.
+      regrows: capacity repairs so far; builds: neighbour builds so far.
+    """
+
+    engine: str
+    ensemble: str
+    space: Space
+    pot: PairPotential
+    params: md.MDParams
+    spec: DomainSpec
+    mapper: _Mapper
+    state: DomainState = None
+    lists: DomainLists = None
+    capacity_factor: float = 1.2
+    regrows: int = 0
+    builds: int = 0
+    max_regrows: int = 20
+    _fns: dict = dataclasses.field(default_factory=lambda: _COMPILED)
+    _pending: dict | None = None  # global arrays to lay out at the next chunk
+    _base: int = 0  # the list's build count at the start of the last chunk
+
+    # compiled block functions (one chunk program per layout) ------------------------------
+    def _fn(self, name):
+        # shared by every run with the same engine, devices, layout and ensemble: a new
+        # run (or a test) with an equal layout reuses the compiled program
+        k = (name, self.engine, tuple(self.mapper.devices), self.mapper.grid, self.spec,
+             self.ensemble)  # fmt: skip
+        if k not in self._fns:
+            comm, spec, m = self.mapper.comm, self.spec, self.mapper
+            if name == "chunk":
+                ens = self.ensemble
+
+                def fn(s, nb, sp, pot, par, n, init):
+                    return chunk_block(ens, spec, comm, sp, pot, par, s, nb, n, init)
+
+                self._fns[k] = m.map(fn, 2, 5)
+            elif name == "thermo":
+                self._fns[k] = m.map(lambda s, sp: thermo_block(comm, sp, s), 1, 1)
+        return self._fns[k]
+
+    def _first(self, x):
+        """Device 0's value of a replicated per-device leaf (host)."""
+        return np.asarray(self.mapper.get(x)).reshape((-1,) + np.shape(x)[1:])[0]
+
+    # layout -------------------------------------------------------------------------------
+    def global_state(self, state=None) -> dict:
+        """The state as global host arrays in atom-id order (for output and checkpoints):
+        ``position``, ``velocity``, ``force``, ``ref_position`` float[N, 3], ``mass``
+        float[N], and ``key``, ``step``, ``e_pair``, ``virial``.
+
+        Raises:
+          SimulationError: the ids are not exactly ``0 .. N - 1`` ("lost atoms").
+        """
+        return collect(self.mapper.get(self.state if state is None else state),
+                       self.spec.n_atoms)  # fmt: skip
+
+    def _launch(self, g: dict, n_steps: int):
+        """Lay out global arrays on the devices, rebuild lists and forces, run n steps."""
+        while True:
+            host, most = distribute(self.spec, self.space.box, g, int(g["step"]), g["key"],
+                                    g["e_pair"], g["virial"])  # fmt: skip
+            if most <= self.spec.capacity:
+                break
+            self._resize({"capacity": round8(self.capacity_factor * most)})
+            self.regrows += 1
+        state = self.mapper.put(DomainState(**host))
+        lists = self.mapper.put(empty_lists(self.spec, host["position"].dtype))
+        return self._fn("chunk")(state, lists, self.space, self.pot, self.params,
+                                 jnp.int32(n_steps), True)  # fmt: skip
+
+    def load(self, g: dict) -> None:
+        """Lay out global arrays (as from ``global_state``, from any mesh) on this run's
+        devices, growing capacities until everything fits. The ghosts and the list are
+        rebuilt from ``ref_position``: the same list as when it was built."""
+        self._pending = g
+        self._advance(0)
+
+    def _resize(self, caps: dict) -> None:
+        """A new layout with the capacities ``caps`` (the others kept)."""
+        old = {"capacity": self.spec.capacity, "migrate": self.spec.migrate,
+               "send": self.spec.send, "max_neighbors": self.spec.nbr.max_neighbors,
+               "column_capacity": self.spec.nbr.column_capacity}  # fmt: skip
+        old.update(caps)
+        self.spec = make_spec(
+            self.spec.grid, np.asarray(self.space.box), self.spec.n_atoms,
+            cutoff=float(self.pot.cutoff), skin=self.spec.skin, block=self.spec.nbr.block,
+            **old,
+        )  # fmt: skip
+
+    # the regrow loop's hooks (step.Regrowing) ---------------------------------------------
+    def _chunk(self, n_steps: int):
+        if self._pending is not None:  # set-up, or the redo of a chunk after a regrow
+            self._base = 1
+            return self._launch(self._pending, n_steps)
+        self._base = int(self._first(self.lists.n_builds))
+        return self._fn("chunk")(self.state, self.lists, self.space, self.pot, self.params,
+                                 jnp.int32(n_steps), False)  # fmt: skip
+
+    def _error(self, lists) -> int:
+        return int(self._first(lists.error))
+
+    def _needed(self, lists):
+        return self._first(lists.needed)
+
+    def _regrow(self, lists) -> None:
+        if self._pending is None:
+            self._pending = self.global_state()  # the chunk's start: redo it in the new layout
+        self._resize(grow(self.spec, self._needed(lists), self.capacity_factor))
+
+    def _commit(self, state, lists) -> None:
+        self.builds += int(self._first(lists.n_builds)) - self._base
+        self.state, self.lists, self._pending = state, lists, None
+
+    def _step_of(self, state) -> int:
+        return int(self._first(state.step))
+
+    # the driver's interface ---------------------------------------------------------------
+    def advance(self, n_steps: int) -> None:
+        """Run ``n_steps`` steps; on overflow regrow and redo the chunk from its start.
+
+        Raises:
+          SimulationError: lost atoms, or capacities still overflowing after
+            ``max_regrows`` regrows (``error_codes.decode``).
+        """
+        self._advance(n_steps)
+
+    def thermo(self) -> dict[str, float]:
+        """Current thermo values (``observables.thermo`` keys) as Python floats."""
+        out = self._fn("thermo")(self.state, self.space)
+        return {k: float(self._first(v)) for k, v in out.items()}
+
+    @property
+    def step(self) -> int:
+        """The step counter of the state (the same on every device)."""
+        return int(self._first(self.state.step))
+
+    def current_step(self) -> int:
+        """The step counter of the state (``step``)."""
+        return self.step
+
+    @property
+    def hops(self) -> tuple[int, int, int]:
+        """Ghost hops per axis (``DomainSpec.hops``)."""
+        return self.spec.hops
+
+    @property
+    def error(self) -> int:
+        """The ``error_codes`` bits of the current lists (0 after every ``advance``)."""
+        return self._error(self.lists)
+
+    def snapshot(self) -> dict:
+        """``global_state()``: global host arrays in atom-id order (``position``,
+        ``velocity``, ``force`` float[N, 3], ``key``, ``step``, and ``ref_position``,
+        ``mass``, ``e_pair``, ``virial``); checks the atom count and ids."""
+        return self.global_state()
+
+    def counts(self) -> np.ndarray:
+        """Owned atoms per device (host)."""
+        return (np.asarray(self.mapper.get(self.state.ids)) >= 0).sum(axis=1)
+
+
+def make_domain_simulation(
+    engine: str,
+    mesh,
+    space: Space,
+    pot: PairPotential,
+    position,
+    velocity,
+    *,
+    mass=1.0,
+    key=None,
+    dt: float,
+    ensemble: str = "nve",
+    kt: float = 0.0,
+    gamma: float = 0.0,
+    skin: float = 0.3,
+    step: int = 0,
+    capacity_factor: float = 1.2,
+    capacities: dict | None = None,
+    devices=None,
+    max_neighbors: int | None = None,
+    restore: dict | None = None,
+) -> DomainSimulation:
+    """Set up a decomposed run (periodic box), like ``md.make_simulation``.
+
+    Args:
+      engine: ``"pmap"``, ``"shard_map"`` or ``"local"``.
+      mesh: device-grid shape, 1 to 3 entries (e.g. ``(8,)``, ``(2, 4)``, ``(2, 2, 2)``).
+      space: a periodic space; pot: the pair potential.
+      position, velocity: float[N, 3] (atom ``i`` gets id ``i``); their dtype is the state's.
+      capacities: optional initial capacities (keys of ``grow``'s result); too small values
+        are repaired by regrowing.
+      devices: devices to use (default ``jax.devices()[:prod(mesh)]``).
+      max_neighbors: initial neighbour row length (default measured from the density).
+      restore: global arrays in atom-id order as from ``DomainSimulation.global_state``
+        (a checkpoint, from any mesh or engine): the run continues from them (``position``
+        and ``velocity`` are then ignored), bit for bit on the same mesh.
+      Others as in ``md.make_simulation``.
+
+    Raises:
+      ConfigError: a sub-box thinner than cutoff + skin or too few devices.
+    """
+    if not space.periodic:
+        raise ConfigError("system.boundary", "domain decomposition needs a periodic box")
+    if ensemble not in md.ENSEMBLES:
+        raise ValueError(f"ensemble must be one of {md.ENSEMBLES}, got {ensemble!r}")
+    mesh = tuple(int(m) for m in mesh)
+    grid = DeviceGrid(mesh, (True,) * len(mesh))
+    devices = list(devices) if devices is not None else jax.devices()
+    if grid.size > len(devices):
+        raise ConfigError(
+            "--mesh",
+            f"mesh {'x'.join(map(str, mesh))} needs {grid.size} devices but only "
+            f"{len(devices)} are available (on CPU, pass --devices {grid.size})",
+        )
+    if engine == "local" and grid.size != 1:
+        raise ConfigError("--mesh", f"the local engine runs on one device, got mesh {mesh}")
+    position = jnp.asarray(position)
+    dtype = position.dtype
+    n = position.shape[0]
+    box = np.asarray(space.box, np.float64)
+    radius = float(pot.cutoff) + float(skin)
+    check_mesh(mesh, box, radius, float(skin))
+    position = np.asarray(wrap(space, position))
+    key = jax.random.PRNGKey(0) if key is None else key
+    g = {
+        "position": position,
+        "velocity": np.asarray(velocity, dtype),
+        "force": np.zeros_like(position),
+        "ref_position": position,
+        "mass": np.broadcast_to(np.asarray(mass, dtype), (n,)),
+        "key": np.asarray(key, np.uint32),
+        "step": step,
+        "e_pair": 0.0,
+        "virial": 0.0,
+    }
+    if restore is not None:
+        g = dict(restore)
+    caps = guess(grid, box, g["ref_position"], radius, float(skin), capacity_factor)
+    if max_neighbors:
+        caps["max_neighbors"] = int(max_neighbors)
+    caps.update(capacities or {})
+    spec = make_spec(grid, box, n, cutoff=float(pot.cutoff), skin=skin, **caps)
+    mapper = _Mapper(engine, grid, devices[: grid.size])
+    sim = DomainSimulation(engine, ensemble, space, pot, md.make_params(dt, kt, gamma, dtype),
+                           spec, mapper, capacity_factor=capacity_factor)  # fmt: skip
+    sim.load(g)
+    sim.builds = 1
+    return sim

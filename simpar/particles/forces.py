@@ -1,0 +1,88 @@
+"""Pair forces from a full neighbour list (the force kernel of every MD engine).
+
+Contract: ``pair_forces(pot, space, r, idx, others=...)`` sums, for each row ``i``, the pair
+terms over the neighbours ``idx[i]`` in the order they are listed (sorted by global atom id,
+see ``neighbors``), so the force of an atom does not depend on where its neighbours sit in
+memory: a domain block (neighbours = its owned atoms followed by its ghosts) and one device
+give the same numbers bit for bit (with FMA off).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from simpar.particles.potentials import PairPotential, pair_terms
+from simpar.particles.space import Space
+
+ROW_BLOCK_CPU = 1024  # neighbour rows per pass on CPU (see ``pair_forces``)
+
+
+def _row_block() -> int | None:
+    """Rows per pass of the force kernel: ``ROW_BLOCK_CPU`` on CPU, None (one pass) on
+    accelerators, whose kernels want all rows at once."""
+    return ROW_BLOCK_CPU if jax.default_backend() == "cpu" else None
+
+
+def _pair_rows(pot, space, r, idx, cols, energy: bool):
+    """``pair_forces`` for rows ``r`` (float[B, 3]) against ``cols``: the neighbours'
+    coordinates one axis at a time, each float[K + 1] ending with the padding entry."""
+    mask = idx < cols[0].shape[0] - 1
+    # Structure-of-arrays gathers (one coordinate at a time) vectorise better on CPU
+    # than gathering (N, M, 3) rows.
+    comps, r2 = [], jnp.zeros(idx.shape, r.dtype)
+    for d in range(3):
+        dx = r[:, d, None] - cols[d][idx]
+        if space.periodic:
+            box = space.box[d].astype(r.dtype)
+            dx = dx - box * jnp.round(dx * (1.0 / box))  # one division, not one per pair
+        comps.append(dx)
+        r2 = r2 + dx * dx
+    e, f_over_r = pair_terms(pot, r2, mask)
+    force = jnp.stack([jnp.sum(f_over_r * dx, axis=1) for dx in comps], axis=-1)
+    if not energy:
+        return force
+    return force, 0.5 * jnp.sum(e), 0.5 * jnp.sum(f_over_r * r2)
+
+
+def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, others=None,
+                block: int | None = -1):  # fmt: skip
+    """Forces, pair energy and virial from a full neighbour list.
+
+    Args:
+      pot: pair potential.
+      space: the space.
+      r: float[N, 3] positions (sigma) of the particles whose forces are wanted.
+      idx: int32[N, M] neighbour indices into ``others``, padded with ``len(others)``.
+      energy: static; False returns the force alone (the time steps need nothing else,
+        and the two extra reductions cost ~40% of the kernel on CPU).
+      others: float[K, 3] positions of the neighbours (default ``r``); a domain block
+        passes its owned atoms followed by its ghosts.
+      block: rows per pass (static): the kernel runs over ``block`` rows at a time
+        (``lax.map``), so its (rows, M) temporaries stay in cache: on CPU 4x faster than
+        one pass over 32,000 x 96 slots. The forces equal one pass's bit for bit with FMA
+        off (as the tests run); with FMA on XLA may contract differently per pass (float32:
+        4e-7 of the largest force). -1 (default): 1,024 on CPU, one pass on accelerators;
+        None: one pass.
+
+    Returns:
+      (force float[N, 3], e_pair scalar, virial scalar); each pair is seen twice in a
+      full list, hence the factors 1/2 (in a domain block: the block's share). Only the
+      force when ``energy`` is False.
+    """
+    src = r if others is None else others
+    cols = [jnp.concatenate([src[:, d], jnp.zeros(1, r.dtype)]) for d in range(3)]
+    block = _row_block() if block == -1 else block
+    n_rows = r.shape[0]
+    if block is None or n_rows <= block:
+        return _pair_rows(pot, space, r, idx, cols, energy)
+    nb = -(-n_rows // block)
+    pad = nb * block - n_rows
+    rb = jnp.concatenate([r, jnp.zeros((pad, 3), r.dtype)]).reshape(nb, block, 3)
+    fill = jnp.full((pad, idx.shape[1]), src.shape[0], idx.dtype)
+    ib = jnp.concatenate([idx, fill]).reshape(nb, block, idx.shape[1])
+    out = jax.lax.map(lambda a: _pair_rows(pot, space, a[0], a[1], cols, energy), (rb, ib))
+    if not energy:
+        return out.reshape(nb * block, 3)[:n_rows]
+    force, e, w = out
+    return force.reshape(nb * block, 3)[:n_rows], jnp.sum(e), jnp.sum(w)
