@@ -395,3 +395,41 @@ def fill_edges(x: jax.Array, k: int, bcs, comm) -> jax.Array:
         x = lax.dynamic_update_slice_in_dim(x, lo, 0, ax)
         x = lax.dynamic_update_slice_in_dim(x, hi, n - k, ax)
     return x
+
+
+def fold(x: jax.Array, w: int, d: int, comm) -> jax.Array:
+    """Sum a ``w``-wide halo back onto the blocks that own those cells (the transpose of ``pad``).
+
+    Used by scatter operations (particle-mesh deposit): a block accumulates into its interior
+    and a halo, and each halo cell is added onto the neighbour's interior cell it stands for.
+    Axes are folded in the reverse order of ``pad`` (last spatial axis first), so corner and
+    edge contributions reach the diagonal neighbour in two or three hops, as in ``pad``. Every
+    spatial axis is periodic (a local wrap on axes the comm does not split).
+
+    Args:
+      x: padded block ``(*lead, n_0 + 2w, ..., n_{d-1} + 2w)``, any numeric dtype.
+      w: halo width (>= 0; every axis needs ``n_a >= w``).
+      d: number of trailing spatial axes.
+      comm: ``LocalComm``, ``PmapComm``, ``ShardMapComm`` or ``BlockedComm``.
+
+    Returns:
+      ``(*lead, n_0, ..., n_{d-1})``: the interior plus the halos sent to it.
+    """
+    if w == 0:
+        return x
+    for a in reversed(range(d)):
+        ax = x.ndim - d + a
+        n = x.shape[ax]
+        lo, hi = _slice(x, ax, 0, w), _slice(x, ax, n - w, n)
+        x = _slice(x, ax, w, n - w)
+        m = n - 2 * w
+        if m < w:
+            raise ValueError(f"fold: block of {m} cells along axis {a} is thinner than w={w}")
+        if comm.extent(a) == 1:
+            from_lo, from_hi = hi, lo  # the wrap: the high halo stands for the first cells
+        else:
+            from_lo = comm.shift(hi, a, +1)  # the lower neighbour's high halo: my first cells
+            from_hi = comm.shift(lo, a, -1)  # the upper neighbour's low halo: my last cells
+        x = lax.dynamic_update_slice_in_dim(x, _slice(x, ax, 0, w) + from_lo, 0, ax)
+        x = lax.dynamic_update_slice_in_dim(x, _slice(x, ax, m - w, m) + from_hi, m - w, ax)
+    return x

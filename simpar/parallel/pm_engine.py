@@ -1,0 +1,282 @@
+"""Particle-mesh programs on every engine: particles owned by sub-box, the grid as the FFT splits it.
+
+A PM program (``simpar.particles.pm``) is written once for one block: the block's particles
+(fixed-capacity buffers, id ``-1`` = empty slot) and its part of the grid. This module gives
+it the transforms (``ops``), the halo ``comm`` and a particle ``migrate`` step, and maps it
+over the devices. It imports no model: the program is passed in.
+
+=============  ======================================  ==========================================
+engine         particles                               grid, transforms, migrate
+=============  ======================================  ==========================================
+``single``     all ``N``, global arrays                whole grid, ``jnp.fft``, identity
+``pmap``       ``(n_dev, P, ...)`` buffers by sub-box  blocks, per-block FFT, ``ghosts.migrate``
+``shard_map``  ``(n_dev * P, ...)`` sharded by device  blocks, per-block FFT, ``ghosts.migrate``
+``sharded``    all ``N`` (sharded along ``N`` when it  global view on ``NamedSharding`` arrays
+               divides), global arrays                 (FFT transposes by ``shard_map``), identity
+=============  ======================================  ==========================================
+
+Sub-box ownership follows the FFT plan's real-space split: device ``c`` (grid coordinates, C
+order over ``plan.mesh``) owns the nodes and the particles of ``[c_a n_a dx_a, (c_a + 1) n_a
+dx_a)`` per axis. Particles that drift out move to the neighbour by ``ppermute``
+(``simpar.parallel.ghosts.migrate``) at every step; the flags it returns (largest migration
+count, owned count, a particle more than one sub-box away) are checked on the host by
+:meth:`PMEngine.check` and :meth:`PMEngine.collect` checks that every id is present once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from simpar.errors import ConfigError, SimulationError
+from simpar.parallel import blocks, ghosts
+from simpar.parallel.blocks import PMAP_AXIS
+from simpar.parallel.halo import LocalComm
+from simpar.parallel.spectral_engine import SpectralEngine
+
+PARTICLES = "particles"  # layout of per-device particle buffers (leading axis over devices)
+
+
+class _MigrateSpec(NamedTuple):
+    capacity: int
+    migrate: int
+
+
+class PMEngine:
+    """Transforms, comm, particle placement and mapped programs of one PM run.
+
+    Args:
+      engine: ``"single"``, ``"pmap"``, ``"shard_map"`` or ``"sharded"``.
+      shape: global grid ``(N_0, N_1, N_2)`` nodes (changing it recompiles).
+      mesh: devices per spatial axis (``(8,)``, ``(2, 4)``; ignored for ``single``).
+      box: box lengths ``(L_0, L_1, L_2)`` (length).
+      capacity: particle slots per device (``pmap``/``shard_map``; default 1.5 x the mean
+        count, rounded up to 8) (changing it recompiles).
+      migrate: slots per axis and direction for particles changing device in one step
+        (default a quarter of ``capacity``).
+
+    Attributes:
+      engine, plan, ops, comm (per-block comm, or a ``LocalComm`` for global arrays),
+      box (tuple of floats), n_dev, decomposed (particles owned by sub-box).
+
+    Raises:
+      ConfigError: on ``--mesh`` when the mesh does not divide the grid; on ``pm.capacity`` /
+        ``pm.migrate`` for sizes below 1.
+    """
+
+    def __init__(
+        self,
+        engine: str,
+        shape: Sequence[int],
+        mesh: Sequence[int] = (1,),
+        box: Sequence[float] = (1.0, 1.0, 1.0),
+        capacity: int | None = None,
+        migrate: int | None = None,
+    ):
+        shape = tuple(int(n) for n in shape)
+        if len(shape) != 3 or len(box) != 3:
+            raise ConfigError("pm.shape", f"PM needs a 3-D grid and box, got {shape}, {box}")
+        self._se = SpectralEngine(engine, shape, mesh, real=True)
+        self.engine = engine
+        self.plan = self._se.plan
+        self.ops = self._se.ops
+        self.devices = self._se.devices
+        self.mesh = self._se.mesh
+        self.box = tuple(float(b) for b in box)
+        self.n_dev = math.prod(self.plan.mesh)
+        self.decomposed = engine in ("pmap", "shard_map")
+        self.comm = self._se.comm if self.decomposed else LocalComm(3)
+        for key, v in (("pm.capacity", capacity), ("pm.migrate", migrate)):
+            if v is not None and int(v) < 1:
+                raise ConfigError(key, f"must be a positive number of slots, got {v}")
+        self.capacity = None if capacity is None else int(capacity)
+        self.migrate_cap = None if migrate is None else int(migrate)
+        self._names = None if self.mesh is None else tuple(self.mesh.axis_names)
+
+    # -- particles: host <-> devices ------------------------------------------------------------
+    def _owners(self, pos: np.ndarray) -> np.ndarray:
+        flat = np.zeros(len(pos), np.int64)
+        for a in range(3):
+            n = self.plan.mesh[a]
+            c = np.asarray(ghosts.owner(jnp.asarray(pos[:, a]), self.box[a], n))
+            flat = flat * n + c
+        return flat
+
+    def distribute(self, pos, vel, mass):
+        """Host arrays in id order -> placed ``(pos, vel, mass, ids)`` in the particle layout.
+
+        Args:
+          pos: ``(N, 3)`` positions (wrapped into the box here); vel: ``(N, 3)``; mass: ``(N,)``.
+
+        Returns:
+          ``pmap``: ``(n_dev, P, ...)`` stacked buffers; ``shard_map``: ``(n_dev * P, ...)``;
+          ``single``/``sharded``: ``(N, ...)`` with ``ids = 0 .. N-1``.
+
+        Raises:
+          ConfigError: on ``pm.capacity`` when a device would own more than ``capacity``.
+        """
+        pos = np.mod(np.asarray(pos), self.box)
+        vel, mass = np.asarray(vel), np.asarray(mass)
+        n = len(pos)
+        self.n_particles = n
+        if not self.decomposed:
+            arrays = (pos, vel, mass, np.arange(n, dtype=np.int32))
+            return tuple(self._put(x) for x in arrays)
+        own = self._owners(pos)
+        counts = np.bincount(own, minlength=self.n_dev)
+        if self.capacity is None:
+            self.capacity = int(-(-max(int(1.5 * n / self.n_dev), 8) // 8) * 8)
+        if self.migrate_cap is None:
+            self.migrate_cap = max(8, self.capacity // 4)
+        if counts.max() > self.capacity:
+            raise ConfigError(
+                "pm.capacity",
+                f"a device owns {counts.max()} particles, more than capacity {self.capacity}; "
+                "raise pm.capacity",
+            )
+        cap = self.capacity
+        bp = np.zeros((self.n_dev, cap, 3), pos.dtype)
+        bv = np.zeros((self.n_dev, cap, 3), vel.dtype)
+        bm = np.ones((self.n_dev, cap), mass.dtype)
+        bi = np.full((self.n_dev, cap), -1, np.int32)
+        for d in range(self.n_dev):
+            sel = np.flatnonzero(own == d)
+            k = len(sel)
+            bp[d, :k], bv[d, :k], bm[d, :k], bi[d, :k] = pos[sel], vel[sel], mass[sel], sel
+        return tuple(self._put(x) for x in (bp, bv, bm, bi))
+
+    def _put(self, x: np.ndarray):
+        if self.engine == "pmap":
+            return blocks.put_blocks(x, self.devices)
+        if self.engine == "single":
+            return jax.device_put(x, self.devices[0])
+        if self.engine == "shard_map":
+            x = x.reshape(-1, *x.shape[2:])
+        return blocks.put_global(x, self._sharding(PARTICLES, len(x)))
+
+    def _sharding(self, layout, n: int | None = None):
+        if layout == PARTICLES and (n is None or n % self.n_dev == 0):
+            return blocks.sharding(self.mesh, self._names)
+        return blocks.sharding(self.mesh)
+
+    def collect(self, arrays, step: int = 0):
+        """Placed ``(pos, vel, mass, ids, ...)`` -> host arrays of the ``N`` particles in id order.
+
+        Raises:
+          SimulationError: when an id is missing or present twice (a particle was lost).
+        """
+        host = []
+        for x in arrays:
+            h = blocks.gather_blocks(x) if self.engine == "pmap" else blocks.to_host(x)
+            if self.engine == "pmap":
+                h = h.reshape(self.n_dev * self.capacity, *h.shape[2:])
+            host.append(h)
+        ids = host[3]
+        keep = ids >= 0
+        got = np.sort(ids[keep])
+        if len(got) != self.n_particles or np.any(got != np.arange(self.n_particles)):
+            raise SimulationError(
+                step,
+                f"particle count {len(got)} (unique {len(np.unique(got))}) != "
+                f"{self.n_particles}: particles were lost",
+                "raise pm.capacity / pm.migrate or reduce time.dt",
+            )
+        order = np.argsort(ids[keep], kind="stable")
+        return tuple(h[keep][order] for h in host)
+
+    # -- per-block helpers for the program ---------------------------------------------------------
+    def migrate_fn(self) -> Callable:
+        """``migrate(pos, vel, mass, ids) -> (pos, vel, mass, ids, flags)`` for the program.
+
+        ``flags``: int32 ``(3,)``: largest migration count of one axis and direction, owned
+        count before truncation, 1 if a particle moved more than one sub-box. Identity (flags
+        zero) on ``single``/``sharded``.
+        """
+        if not self.decomposed:
+            return lambda p, v, m, i: (p, v, m, i, jnp.zeros(3, jnp.int32))
+        spec = _MigrateSpec(self.capacity, self.migrate_cap)
+        comm, box = self.comm, self.box
+
+        def migrate(pos, vel, mass, ids):
+            length = jnp.asarray(box, pos.dtype)
+            p, v, m, _, i, need, count, far = ghosts.migrate(
+                spec, comm, length, pos, vel, mass, pos, ids
+            )
+            return p, v, m, i, jnp.stack([need, count, far.astype(jnp.int32)])
+
+        return migrate
+
+    def check(self, flags, step: int = 0) -> None:
+        """Raise when the migration flags of a chunk show an overflow (nothing is dropped
+        silently).
+
+        Raises:
+          SimulationError: migration or owned-count overflow, or a particle that crossed more
+            than one sub-box in a step.
+        """
+        f = (
+            np.asarray(
+                blocks.gather_blocks(flags) if self.engine == "pmap" else blocks.to_host(flags)
+            )
+            .reshape(-1, 3)
+            .max(axis=0)
+        )
+        if not self.decomposed:
+            return
+        if f[0] > self.migrate_cap:
+            raise SimulationError(
+                step,
+                f"{f[0]} particles migrated at once, more than pm.migrate = {self.migrate_cap}",
+                "raise pm.migrate",
+            )
+        if f[1] > self.capacity:
+            raise SimulationError(
+                step,
+                f"a device owned {f[1]} particles, more than pm.capacity = {self.capacity}",
+                "raise pm.capacity",
+            )
+        if f[2]:
+            raise SimulationError(
+                step, "a particle moved more than one sub-box in one step", "reduce time.dt"
+            )
+
+    # -- mapped programs -------------------------------------------------------------------------
+    def map(self, fn: Callable, in_layouts: Sequence, out_layouts, donate: bool = False):
+        """``fn`` on every device; layouts ``PARTICLES`` (a pytree of particle buffers) or
+        ``None`` (replicated: parameters, step counts).
+
+        Under ``pmap``/``shard_map`` ``fn`` sees one device's buffers; per-device results
+        (e.g. flags) are declared ``PARTICLES`` and come back stacked.
+        """
+        in_layouts = tuple(in_layouts)
+        donate_argnums = (0,) if donate else ()
+        each = lambda ls, f: f(ls) if not isinstance(ls, tuple) else tuple(map(f, ls))  # noqa: E731
+        if self.engine == "pmap":
+            ax = lambda ls: 0 if ls == PARTICLES else None  # noqa: E731
+            return blocks.pmap(
+                fn,
+                self.devices,
+                in_axes=tuple(ax(ls) for ls in in_layouts),
+                out_axes=each(out_layouts, ax),
+                donate=donate,
+                axis_name=PMAP_AXIS,
+            )
+        if self.engine == "shard_map":
+            spec = lambda ls: self._sharding(ls).spec  # noqa: E731
+            mapped = blocks.shard_map(
+                fn,
+                self.mesh,
+                tuple(spec(ls) for ls in in_layouts),
+                each(out_layouts, spec),
+                check_vma=False,
+            )
+            return jax.jit(mapped, donate_argnums=donate_argnums)
+        return jax.jit(fn, donate_argnums=donate_argnums)
+
+
+__all__ = ["PARTICLES", "PMEngine"]

@@ -1,0 +1,274 @@
+"""Particle-mesh (PM) gravity for one block: CIC deposit, periodic Poisson, CIC forces, leapfrog.
+
+The periodic box ``L = (L_0, L_1, L_2)`` carries a grid of ``N_a`` nodes per axis at
+``x = i * dx_a`` (``dx_a = L_a / N_a``), split into blocks as the FFT plan splits it in real
+space (``simpar.parallel.fft``). A block owns the nodes ``origin_a .. origin_a + n_a - 1`` and
+the particles whose wrapped position lies in its sub-box ``[origin_a dx_a, (origin_a + n_a)
+dx_a)``; on ``single``/``sharded`` the block is the whole box and holds every particle.
+
+One force evaluation (:func:`accelerations`):
+
+1. **Deposit** (cloud in cell): each particle spreads its mass over the ``2^3`` nodes around it
+   with weights ``prod_a (1 - |x_a / dx_a - i_a|)``, into the block padded by one node on each
+   side; ``halo.fold`` adds the padding onto the neighbours' blocks (the reverse of the halo
+   fill, by ``ppermute``), giving the density ``rho`` (mass / length^3).
+2. **Poisson** by the distributed FFT: ``phi_k = -4 pi G rho_k / |k|^2`` with ``rho_0 = 0`` (the
+   mean density is removed: a periodic box has no net source).
+3. **Gradient**, spectral: ``g_k = -i k phi_k`` per axis (the Nyquist modes set to zero, so the
+   field is real and odd), three inverse transforms.
+4. **Interpolation** (cloud in cell, the same weights): the field is padded by ``halo.pad``
+   (forward halo fill) and read at the particles.
+
+The same weights for deposit and interpolation and an odd force kernel make the pair forces
+equal and opposite: total momentum is conserved to round-off, and a particle exerts no force on
+itself. The mesh softens the force on scales of about two cells.
+
+No collectives here: the ``comm`` (halo exchange), the transforms ``ops`` and the particle
+``migrate`` step are passed in by the engine (``simpar.parallel.pm_engine``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from simpar.grid.boundary import Periodic
+from simpar.grid.poisson import eigenvalues
+from simpar.parallel import halo
+
+D = 3  # spatial dimensions
+
+
+class PMState(NamedTuple):
+    """Particles of one block (fixed capacity ``P``; ``P = N`` on ``single``/``sharded``).
+
+    Attributes:
+      pos: ``(P, 3)`` float, wrapped positions in ``[0, L)`` (length).
+      vel: ``(P, 3)`` float, velocities (length / time).
+      mass: ``(P,)`` float, masses (mass; empty slots carry 1 and are masked).
+      ids: ``(P,)`` int32, global particle ids; ``-1`` marks an empty slot.
+      acc: ``(P, 3)`` float, accelerations at ``pos`` (length / time^2).
+    """
+
+    pos: jax.Array
+    vel: jax.Array
+    mass: jax.Array
+    ids: jax.Array
+    acc: jax.Array
+
+
+class PMParams(NamedTuple):
+    """Numbers a user may sweep or differentiate (array leaves).
+
+    Attributes:
+      dt: time step (time).
+      G: gravitational constant (length^3 / (mass time^2)).
+    """
+
+    dt: jax.Array
+    G: jax.Array
+
+
+def _origin(comm, block: tuple[int, ...]):
+    """First node index of this block per axis (traced int32; 0 on unsplit axes)."""
+    return [comm.coord(a) * block[a] if comm.extent(a) > 1 else jnp.int32(0) for a in range(D)]
+
+
+def _cic(pos, box, shape, block, comm):
+    """Padded-block node index ``(P, 3)`` int32 of the lower corner and fractions ``(P, 3)``."""
+    origin = _origin(comm, block)
+    idx, frac = [], []
+    for a in range(D):
+        dx = box[a] / shape[a]
+        s = pos[:, a] / dx - origin[a].astype(pos.dtype)
+        # owned particles have -1 < s < n; round-off at a sub-box face stays inside the pad
+        i = jnp.clip(jnp.floor(s), -1, block[a] - 1)
+        idx.append(i.astype(jnp.int32) + 1)
+        frac.append(jnp.clip(s - i, 0.0, 1.0))
+    return jnp.stack(idx, axis=1), jnp.stack(frac, axis=1)
+
+
+def _corners(idx, frac):
+    """For each of the 8 CIC corners: (node indices tuple of ``(P,)`` arrays, weights ``(P,)``)."""
+    for off in itertools.product((0, 1), repeat=D):
+        w = None
+        for a in range(D):
+            wa = frac[:, a] if off[a] else 1.0 - frac[:, a]
+            w = wa if w is None else w * wa
+        yield tuple(idx[:, a] + off[a] for a in range(D)), w
+
+
+def deposit(pos, mass, valid, box, shape, block, comm) -> jax.Array:
+    """Cloud-in-cell mass density of the block's particles on its nodes, halos summed back.
+
+    Args:
+      pos: ``(P, 3)`` wrapped positions inside this block's sub-box (length).
+      mass: ``(P,)`` masses; valid: ``(P,)`` bool, slots that hold a particle.
+      box: ``(3,)`` box lengths ``L``; shape: global grid ``(N_0, N_1, N_2)`` (static).
+      block: this block's grid shape ``(n_0, n_1, n_2)`` (static).
+      comm: ``LocalComm`` (whole box) or the engine's per-block comm.
+
+    Returns:
+      ``block``-shaped density (mass / length^3), same float dtype as ``pos``.
+    """
+    idx, frac = _cic(pos, box, shape, block, comm)
+    m = jnp.where(valid, mass, 0.0).astype(pos.dtype)
+    grid = jnp.zeros(tuple(n + 2 for n in block), pos.dtype)
+    for nodes, w in _corners(idx, frac):
+        grid = grid.at[nodes].add(w * m)
+    vol = (box[0] / shape[0]) * (box[1] / shape[1]) * (box[2] / shape[2])
+    return halo.fold(grid, 1, D, comm) / vol
+
+
+def field(rho, box, shape, G, ops) -> jax.Array:
+    """Gravitational acceleration ``g = -grad phi``, ``lap phi = 4 pi G (rho - mean rho)``.
+
+    Args:
+      rho: density on the block (or the whole grid), real layout of ``ops`` (mass / length^3).
+      box: ``(3,)`` box lengths; shape: global grid (static); G: gravitational constant.
+      ops: transforms of the engine (``simpar.parallel.fft.SpectralOps``, ``real=True``).
+
+    Returns:
+      ``(3, *rho.shape)`` acceleration (length / time^2), spectral gradient (``i k``).
+    """
+    dx = [box[a] / shape[a] for a in range(D)]
+    lam = eigenvalues(ops, dx, "spectral", rho.dtype)  # -|k|^2, zero at k = 0
+    rho_k = ops.forward(rho)
+    zero = lam == 0
+    phi_k = jnp.where(zero, 0.0, (4 * math.pi) * G * rho_k / jnp.where(zero, 1.0, lam))
+    out = []
+    for a in range(D):
+        m = ops.freq(a)
+        n = shape[a]
+        k = m.astype(rho.dtype) * (2 * math.pi / box[a])
+        k = jnp.where(2 * m == n, 0.0, k)  # Nyquist: no odd real derivative there
+        out.append(ops.inverse(-1j * k * phi_k))
+    return jnp.stack([jnp.real(g) for g in out])
+
+
+def interpolate(g, pos, box, shape, block, comm) -> jax.Array:
+    """Cloud-in-cell values of a block field at the block's particles.
+
+    Args:
+      g: ``(C, *block)`` field on this block's nodes.
+      pos: ``(P, 3)`` wrapped positions inside the block's sub-box.
+
+    Returns:
+      ``(P, C)``.
+    """
+    padded = halo.pad(g, 1, ((Periodic(), Periodic()),) * D, comm)
+    idx, frac = _cic(pos, box, shape, block, comm)
+    out = jnp.zeros((pos.shape[0], g.shape[0]), g.dtype)
+    for nodes, w in _corners(idx, frac):
+        out = out + w[:, None] * padded[(slice(None), *nodes)].T
+    return out
+
+
+def accelerations(pos, mass, valid, box, shape, block, G, ops, comm) -> jax.Array:
+    """PM accelerations ``(P, 3)`` of a block's particles (deposit, Poisson, gradient, CIC)."""
+    rho = deposit(pos, mass, valid, box, shape, block, comm)
+    return interpolate(field(rho, box, shape, G, ops), pos, box, shape, block, comm)
+
+
+def _block(ops, comm) -> tuple[int, ...]:
+    shape = ops.shape
+    return tuple(shape[a] // comm.extent(a) for a in range(D))
+
+
+def init_acc(state: PMState, params: PMParams, box, ops, comm) -> PMState:
+    """``state`` with ``acc`` computed at its positions (before the first kick)."""
+    shape, block = tuple(ops.shape), _block(ops, comm)
+    acc = accelerations(
+        state.pos, state.mass, state.ids >= 0, box, shape, block, params.G, ops, comm
+    )
+    return state._replace(acc=acc)
+
+
+def step(state: PMState, params: PMParams, box, ops, comm, migrate: Callable):
+    """One kick-drift-kick leapfrog step.
+
+    Args:
+      state: the block's particles, ``acc`` current.
+      params: ``dt``, ``G``.
+      box: ``(3,)`` box lengths (length).
+      ops, comm: the engine's transforms and per-block comm.
+      migrate: ``migrate(pos, vel, mass, ids) -> (pos, vel, mass, ids, flags)`` hands
+        particles that left the sub-box to their owners (identity on ``single``/``sharded``;
+        ``PMEngine.migrate_fn``); ``flags`` is an int32 ``(3,)`` vector checked on the host
+        (``PMEngine.check``).
+
+    Returns:
+      ``(state, flags)``.
+    """
+    dt = params.dt
+    vel = state.vel + (0.5 * dt) * state.acc
+    length = jnp.asarray(box, state.pos.dtype)
+    pos = jnp.mod(state.pos + dt * vel, length)
+    pos = jnp.where(pos >= length, 0.0, pos)  # mod may round up to L
+    pos, vel, mass, ids, flags = migrate(pos, vel, state.mass, state.ids)
+    state = init_acc(state._replace(pos=pos, vel=vel, mass=mass, ids=ids), params, box, ops, comm)
+    vel = state.vel + (0.5 * dt) * state.acc
+    return state._replace(vel=jnp.where((state.ids >= 0)[:, None], vel, 0.0)), flags
+
+
+def advance(state: PMState, params: PMParams, n, box, ops, comm, migrate: Callable):
+    """``n`` leapfrog steps in one ``lax.fori_loop``; flags are the maxima over the steps."""
+
+    def body(_, carry):
+        s, f = carry
+        s, f2 = step(s, params, box, ops, comm, migrate)
+        return s, jnp.maximum(f, f2)
+
+    return lax.fori_loop(0, n, body, (state, jnp.zeros(3, jnp.int32)))
+
+
+def make_program(eng, params_like=None):
+    """The mapped functions of a PM run on a ``simpar.parallel.pm_engine.PMEngine``.
+
+    Returns:
+      ``(start, chunk)``: ``start(pos, vel, mass, ids, params) -> PMState`` (accelerations
+      computed); ``chunk(state, params, n) -> (state, flags)`` runs ``n`` leapfrog steps
+      (check ``flags`` with ``eng.check``). ``state`` and ``flags`` are in the engine's
+      particle layout; ``eng.collect(state)`` brings the particles home in id order.
+    """
+    from simpar.parallel.pm_engine import PARTICLES
+
+    box, ops, comm, migrate = eng.box, eng.ops, eng.comm, eng.migrate_fn()
+
+    def start(pos, vel, mass, ids, params):
+        s = PMState(pos, vel, mass, ids, jnp.zeros_like(pos))
+        return init_acc(s, params, box, ops, comm)
+
+    def chunk(state, params, n):
+        return advance(state, params, n, box, ops, comm, migrate)
+
+    start_m = eng.map(start, (PARTICLES,) * 4 + (None,), PARTICLES)
+    chunk_m = eng.map(chunk, (PARTICLES, None, None), (PARTICLES, PARTICLES))
+    return start_m, chunk_m
+
+
+def momentum(state: PMState) -> jax.Array:
+    """Total momentum ``(3,)`` of the block's particles (mass length / time)."""
+    valid = (state.ids >= 0)[:, None]
+    return jnp.sum(jnp.where(valid, state.mass[:, None] * state.vel, 0.0), axis=0)
+
+
+__all__ = [
+    "PMParams",
+    "PMState",
+    "accelerations",
+    "advance",
+    "deposit",
+    "field",
+    "init_acc",
+    "interpolate",
+    "make_program",
+    "momentum",
+    "step",
+]
