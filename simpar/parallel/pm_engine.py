@@ -55,8 +55,9 @@ class PMEngine:
       shape: global grid ``(N_0, N_1, N_2)`` nodes (changing it recompiles).
       mesh: devices per spatial axis (``(8,)``, ``(2, 4)``; ignored for ``single``).
       box: box lengths ``(L_0, L_1, L_2)`` (length).
-      capacity: particle slots per device (``pmap``/``shard_map``; default 1.5 x the mean
-        count, rounded up to 8) (changing it recompiles).
+      capacity: particle slots per device (``pmap``/``shard_map``; default the larger of
+        1.5 x the mean and 1.25 x the largest count at ``distribute``, rounded up to 8)
+        (changing it recompiles).
       migrate: slots per axis and direction for particles changing device in one step
         (default a quarter of ``capacity``).
 
@@ -130,7 +131,8 @@ class PMEngine:
         own = self._owners(pos)
         counts = np.bincount(own, minlength=self.n_dev)
         if self.capacity is None:
-            self.capacity = int(-(-max(int(1.5 * n / self.n_dev), 8) // 8) * 8)
+            need = max(1.5 * n / self.n_dev, 1.25 * counts.max(), 8)
+            self.capacity = int(-(-int(need) // 8) * 8)
         if self.migrate_cap is None:
             self.migrate_cap = max(8, self.capacity // 4)
         if counts.max() > self.capacity:
@@ -199,10 +201,11 @@ class PMEngine:
         """
         if not self.decomposed:
             return lambda p, v, m, i: (p, v, m, i, jnp.zeros(3, jnp.int32))
-        spec = _MigrateSpec(self.capacity, self.migrate_cap)
         comm, box = self.comm, self.box
 
         def migrate(pos, vel, mass, ids):
+            # capacities are read when the program is traced (after ``distribute`` sized them)
+            spec = _MigrateSpec(pos.shape[0], self.migrate_cap)
             length = jnp.asarray(box, pos.dtype)
             p, v, m, _, i, need, count, far = ghosts.migrate(
                 spec, comm, length, pos, vel, mass, pos, ids
