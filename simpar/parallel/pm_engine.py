@@ -95,6 +95,7 @@ class PMEngine:
         for key, v in (("pm.capacity", capacity), ("pm.migrate", migrate)):
             if v is not None and int(v) < 1:
                 raise ConfigError(key, f"must be a positive number of slots, got {v}")
+        self.n_particles: int | None = None  # set by ``distribute``
         self.capacity = None if capacity is None else int(capacity)
         self.migrate_cap = None if migrate is None else int(migrate)
         self._names = None if self.mesh is None else tuple(self.mesh.axis_names)
