@@ -271,3 +271,24 @@ def test_lost_particle_is_reported():
     ids[ids == 5] = -1
     with pytest.raises(SimulationError, match="lost"):
         eng.collect((p, v, m, ids))
+
+
+def test_shard_map_step_moves_only_halos_transposes_and_migrants():
+    """The compiled shard_map chunk on (2, 4): the FFT's all-to-alls (2 forward + 3 x 2
+    inverse), collective-permutes (fold, halo fill, migration), no all-gather."""
+    import re
+
+    rng = np.random.default_rng(9)
+    n = 512
+    pos = rng.uniform(0, 1, (n, 3))
+    eng = PMEngine("shard_map", (16,) * 3, (2, 4))
+    start, chunk = pm.make_program(eng)
+    params = pm.PMParams(jnp.asarray(0.01), jnp.asarray(1.0))
+    st = start(*eng.distribute(pos, np.zeros_like(pos), np.full(n, 1 / n)), params)
+    txt = chunk.lower(st, params, jnp.asarray(2)).compile().as_text()
+    count = {k: len(re.findall(k + r"(-start)?\(", txt)) for k in
+             ("all-gather", "all-to-all", "collective-permute", "all-reduce")}  # fmt: skip
+    assert count["all-gather"] == 0 and count["all-reduce"] == 0, count
+    assert count["all-to-all"] == 8, count
+    # fold 4 + halo fill 4 + migration 8 (2 split axes x 2 directions x payload and ids)
+    assert count["collective-permute"] == 16, count
