@@ -21,8 +21,6 @@ from simpar.parallel.pm_engine import PMEngine
 from simpar.parallel.topology import DeviceGrid
 from simpar.particles import pm
 
-jax.config.update("jax_enable_x64", True)
-
 
 def _run(engine, mesh, shape, pos, vel, mass, G, dt, steps, box=(1.0, 1.0, 1.0), **kw):
     eng = PMEngine(engine, shape, mesh, box, **kw)
