@@ -99,16 +99,19 @@ def test_layout_maps_pmap_flat_axis_back_to_the_grid(capsys):
 
 
 def test_show_layout_prints_before_the_run(tmp_path, capsys):
+    import json
+
     from simpar.cli import main
 
     out = tmp_path / "lay.nc"
     args = ["run", "experiments/heat2d.toml", "--engine", "shard_map", "--mesh", "4x2"]
     args += ["--show-layout", "--steps", "2", "--set", "grid.shape=[16,16]", "--quiet"]
     assert main([*args, "--out", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert text.index("engine shard_map: grid 16x16 cells on device mesh 4x2") < text.index(
-        '"path"'
-    )
+    captured = capsys.readouterr()
+    # the layout goes to stderr; stdout holds the one JSON summary line
+    assert json.loads(captured.out)["path"] == str(out)
+    text = captured.err
+    assert "engine shard_map: grid 16x16 cells on device mesh 4x2" in text
     assert "cpu:7  index 7  coords (3, 1)  x 12:16, y 8:16" in text
     assert "│  CPU 6   │  CPU 7   │" in text
 
