@@ -128,6 +128,10 @@ def initialize(
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # JAX's preemption service catches SIGTERM in C++ (simpar.signals never sees it) and
+    # waits for a sync point simpar does not have: with it, SIGTERM to a 2-process run hung
+    # both processes in their next collective until SIGKILL
+    jax.config.update("jax_enable_preemption_service", False)
     try:
         with _service_in_helper():
             jax.distributed.initialize(
