@@ -11,10 +11,12 @@ trace (LJ, kill 1), a traceback and an abort 84 s later (heat, kill 1), minutes 
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import pytest
@@ -40,8 +42,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_pair(args, env_of=({}, {}), timeout=240):
-    """``simpar run ARGS`` as processes 0 and 1 (``env_of[i]``: extra environment of i).
+def _run_pair(args, env_of=({}, {}), timeout=240, term=None):
+    """``simpar run ARGS`` as processes 0 and 1 (``env_of[i]``: extra environment of i;
+    ``term``: SIGTERM to this process once the run's checkpoint exists).
 
     Returns:
       ``(results, ends)``: a CompletedProcess per process and the monotonic time (s) at
@@ -59,7 +62,12 @@ def _run_pair(args, env_of=({}, {}), timeout=240):
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env))
     ends = [None, None]
     deadline = time.monotonic() + timeout
+    ckpt = Path(f"{args[-1]}.ckpt")
     while None in ends and time.monotonic() < deadline:
+        if term is not None and ckpt.exists():
+            time.sleep(1.0)
+            procs[term].send_signal(signal.SIGTERM)
+            term = None
         for i, p in enumerate(procs):
             if ends[i] is None and p.poll() is not None:
                 ends[i] = time.monotonic()
@@ -119,11 +127,12 @@ def test_kill_of_process_1_ends_process_0_with_one_line(tmp_path, model):
     _resume(args, out)
 
 
-def test_kill_of_process_0_ends_process_1_with_one_line(tmp_path):
+@pytest.mark.parametrize("model", ["lj", "heat"])
+def test_kill_of_process_0_ends_process_1_with_one_line(tmp_path, model):
     """Process 0 (the coordinator) is SIGKILLed after its first frame: process 1 exits 1
     naming it; the file says ``running`` (nobody is left to write it) and resumes."""
-    out = tmp_path / "run.nc"
-    args = (*HEAT, "--out", str(out))
+    out = tmp_path / ("run.h5md" if model == "lj" else "run.nc")
+    args = (*(LJ if model == "lj" else HEAT), "--out", str(out))
     (p0, p1), (end0, end1) = _run_pair(args, ({KILL: "2"}, {}))
     assert p0.returncode == -9, p0.stderr[-2000:]
     assert end1 - end0 < LIMIT_S
@@ -146,3 +155,18 @@ def test_write_error_on_process_0_ends_both(tmp_path, model):
     _assert_clean_exit(p1, 0, "No space left on device")
     assert _status(out).startswith("failed: ") and "No space left" in _status(out)
     _resume(args, out)
+
+
+def test_sigterm_to_process_1_ends_both(tmp_path):
+    """SIGTERM to process 1 only: it exits 143 (``terminated``), process 0 exits 1 naming it
+    and sets ``failed: process 1 failed: terminated``. Before: JAX's preemption service
+    caught the SIGTERM and both processes hung in their next collective (> 120 s)."""
+    out = tmp_path / "run.nc"
+    args = (*HEAT, "--steps", "400000", "--out", str(out))
+    (p0, p1), (end0, end1) = _run_pair(args, term=1)
+    assert p1.returncode == 143 and _simpar_lines(p1.stderr) == ["simpar: terminated"], p1.stderr[
+        -3000:
+    ]
+    assert abs(end0 - end1) < LIMIT_S
+    _assert_clean_exit(p0, 1, "terminated")
+    assert _status(out) == "failed: process 1 failed: terminated"

@@ -224,10 +224,13 @@ def guard():
     except signals.Interrupted as err:
         watchdog.publish_failure(err.reason, err.exit_code)
         raise
-    except Exception as err:
-        failure = err if isinstance(err, SimulationError) else _lost_peer(err, 0, None)
+    except SimulationError as err:
+        watchdog.publish_failure(f"{err.reason} (step {err.step})", 1)
+        raise
+    except Exception as err:  # before the writer opened (else ``watch`` converted it)
+        failure = _lost_peer(err, 0, None)
         watchdog.publish_failure(failure.reason, 1)
-        raise failure from None if failure is not err else None
+        raise failure from None
     except BaseException as err:
         watchdog.publish_failure(f"{type(err).__name__}: {err}", 1)
         raise

@@ -20,7 +20,9 @@ that long), or when the key-value store has been unreachable for ``PEER_TIMEOUT_
 (:func:`on_stop`: process 0 sets ``run_status = "failed: <reason>"``), print ONE line naming
 the failed process and the reason on stderr, and ``os._exit(1)`` (128 + signal number when
 this process got SIGINT/SIGTERM too), so neither the collective nor JAX's shutdown barrier
-is waited for. A process that finished its run (:func:`finish`) no longer judges its peers.
+is waited for. A process that finished its run (:func:`finish`) no longer judges its peers'
+heartbeats (they end too), but still leaves (exit 1) when one of them publishes a failure:
+it would otherwise wait for it in JAX's shutdown barrier.
 
 A failing process itself leaves through :func:`exit_now` (an ``atexit`` hook that runs before
 JAX's own): its message is printed by the command line, and then it exits with its code
@@ -61,11 +63,12 @@ class _State:
     n = 1
     coordinator = ""
     thread: threading.Thread | None = None
-    finished = False  # this process's run ended (well or not): peers are not judged
+    finished = False  # this process's run ended well: heartbeats are not judged
     stopping = False  # the watchdog is stopping this process
     failed_code: int | None = None  # this process failed and leaves with this code
     hooks: list = []
     lock = threading.Lock()
+    halt = threading.Event()  # set at interpreter exit: the thread returns
 
 
 _S = _State()
@@ -92,7 +95,7 @@ def _exit_code() -> int:
 def _stop(line: str, status: str) -> None:
     """Stop this process because of a peer: hooks (``status``), one line, ``os._exit``."""
     with _S.lock:
-        if _S.finished or _S.stopping or _S.failed_code is not None:
+        if _S.stopping or _S.failed_code is not None:
             return
         _S.stopping = True
     code = _exit_code()
@@ -109,7 +112,7 @@ def _watch() -> None:
     beat = 0
     seen: dict[int, tuple[str, float]] = {}
     start = last_ok = time.monotonic()
-    while True:
+    while not _S.halt.is_set():
         now = time.monotonic()
         beat += 1
         try:
@@ -126,11 +129,11 @@ def _watch() -> None:
                     f"{PEER_TIMEOUT_S:.0f} s ({why})"
                 )
                 _stop(f"simpar: {reason}; process {_S.me} stops too", f"failed: {reason}")
-            time.sleep(POLL_S)
+            _S.halt.wait(POLL_S)
             continue
-        if not (_S.finished or _S.failed_code is not None):
+        if _S.failed_code is None:
             _judge(entries, seen, now, start)
-        time.sleep(POLL_S)
+        _S.halt.wait(POLL_S)
 
 
 def _key(entries: dict, name: str, j: int):
@@ -145,7 +148,7 @@ def _judge(entries: dict, seen: dict, now: float, start: float) -> None:
         if failed is not None:
             reason = f"process {j} failed: {failed}"
             _stop(f"simpar: {reason}; process {_S.me} stops too", f"failed: {reason}")
-        if _key(entries, "done", j) is not None:
+        if _S.finished or _key(entries, "done", j) is not None:
             continue
         beat = _key(entries, "beat", j)
         if beat is None or seen.get(j, (None,))[0] != beat:
@@ -170,9 +173,19 @@ def start(client, process_id: int, num_processes: int, coordinator: str | None) 
         return
     _S.client, _S.me, _S.n = client, int(process_id), int(num_processes)
     _S.coordinator = coordinator or "(detected)"
+    atexit.register(_halt)  # runs after every later-registered exit hook, JAX's included
     atexit.register(_leaving)
     _S.thread = threading.Thread(target=_watch, name="simpar-watchdog", daemon=True)
     _S.thread.start()
+
+
+def _halt() -> None:
+    """Stop the thread before the interpreter's finalization: a daemon thread that meets it
+    inside a key-value call is unwound through C++ and aborts the process (``FATAL:
+    exception not rethrown``, exit -6, seen once after a run that had completed)."""
+    _S.halt.set()
+    if _S.thread is not None:
+        _S.thread.join(4 * POLL_S)
 
 
 def _leaving() -> None:
