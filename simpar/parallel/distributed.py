@@ -17,9 +17,10 @@ devices (``jax.devices()`` lists them by process). Grid models run this way on `
 ``shard_map`` and ``sharded`` (the ring spans the processes' devices: ``--devices 4`` on two
 processes is a ring of 8).
 Every process builds the initial state on the host, places only its own blocks, runs the same
-compiled chunks and takes part in the collectives; process 0 alone writes the output file, the checkpoints and the progress. For a
-frame the state is gathered to every host (``multihost_utils.process_allgather``), so the
-driver first checks its size against ``output.gather_limit_gib``.
+compiled chunks and takes part in the collectives; process 0 alone writes the output file,
+the checkpoints and the progress. For a frame the state is gathered to every host
+(``multihost_utils.process_allgather``), so the driver first checks its size against
+``output.gather_limit_gib``.
 
 On CPU the cross-process collectives go through gloo (set here before JAX starts).
 
@@ -227,14 +228,22 @@ def guard():
     except SimulationError as err:
         watchdog.publish_failure(f"{err.reason} (step {err.step})", 1)
         raise
-    except Exception as err:  # before the writer opened (else ``watch`` converted it)
-        failure = _lost_peer(err, 0, None)
+    except Exception as err:
+        if not _collective_failed(err):  # a bug: its traceback, and the peers stop
+            watchdog.publish_failure(f"{type(err).__name__}: {err}", 1)
+            raise
+        failure = _lost_peer(err, 0, None)  # before the writer opened
         watchdog.publish_failure(failure.reason, 1)
         raise failure from None
     except BaseException as err:
         watchdog.publish_failure(f"{type(err).__name__}: {err}", 1)
         raise
     watchdog.finish()
+
+
+def _collective_failed(err: BaseException) -> bool:
+    """Whether ``err`` is a runtime error of XLA (gloo: "Connection closed by peer", ...)."""
+    return type(err).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
 
 
 def _lost_peer(err: BaseException, step: int, last_good: str | None) -> SimulationError:
@@ -269,9 +278,9 @@ def watch(set_status, where):
     with watchdog.on_stop(set_status):
         try:
             yield
-        except (ConfigError, SimulationError):
-            raise
         except Exception as err:
+            if not _collective_failed(err):
+                raise
             raise _lost_peer(err, *where()) from None
 
 
