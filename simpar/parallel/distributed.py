@@ -217,6 +217,7 @@ def guard():
     if not watchdog.active():
         yield watch
         return
+    watchdog.begin()
     try:
         yield watch
     except ConfigError as err:

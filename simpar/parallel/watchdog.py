@@ -9,17 +9,17 @@ Each process of a multi-process run (:func:`start`, called by
 
 * writes its own heartbeat (a counter) under ``simpar/beat/<i>`` in the coordination
   service's key-value store, and reads everyone's;
-* reads ``simpar/failed/<j>``: the one-line reason a failing process publishes
-  (:func:`publish_failure`) before it exits (a write error on process 0, an invalid input,
-  SIGINT/SIGTERM, a simulation error).
+* reads ``simpar/failed/<j>``: the exit code and one-line reason a failing process
+  publishes (:func:`publish_failure`) before it exits (a write error on process 0, an
+  invalid input, SIGINT/SIGTERM, a simulation error).
 
 It stops the run, on this process, when a peer published a failure, when a peer's heartbeat
 has not changed for ``PEER_TIMEOUT_S`` seconds (killed, crashed, or stuck outside Python for
 that long), or when the key-value store has been unreachable for ``PEER_TIMEOUT_S`` seconds
 (the coordinator is gone). Stopping means: run the hooks the driver registered
 (:func:`on_stop`: process 0 sets ``run_status = "failed: <reason>"``), print ONE line naming
-the failed process and the reason on stderr, and ``os._exit(1)`` (128 + signal number when
-this process got SIGINT/SIGTERM too), so neither the collective nor JAX's shutdown barrier
+the failed process and the reason on stderr, and ``os._exit(1)`` (2 when the peer found the
+input invalid; 128 + signal number when this process got SIGINT/SIGTERM too), so neither the collective nor JAX's shutdown barrier
 is waited for. A process that finished its run (:func:`finish`) no longer judges its peers'
 heartbeats (they end too), but still leaves (exit 1) when one of them publishes a failure:
 it would otherwise wait for it in JAX's shutdown barrier.
@@ -43,6 +43,7 @@ import time
 __all__ = [
     "PEER_TIMEOUT_S",
     "POLL_S",
+    "begin",
     "exit_now",
     "finish",
     "finished",
@@ -63,6 +64,7 @@ class _State:
     n = 1
     coordinator = ""
     thread: threading.Thread | None = None
+    entered = False  # this process started a run (:func:`begin`)
     finished = False  # this process's run ended well: heartbeats are not judged
     stopping = False  # the watchdog is stopping this process
     failed_code: int | None = None  # this process failed and leaves with this code
@@ -85,20 +87,22 @@ def _say(line: str) -> None:
         pass
 
 
-def _exit_code() -> int:
+def _exit_code(peer_code: int) -> int:
+    """This process's code when a peer stops it: 128 + signal if it got SIGINT/SIGTERM
+    too, 2 if the peer found the input invalid (it is invalid for every process), else 1."""
     from simpar import signals
 
     sig = signals.pending()
-    return 128 + sig if sig else 1
+    return 128 + sig if sig else (2 if peer_code == 2 else 1)
 
 
-def _stop(line: str, status: str) -> None:
+def _stop(line: str, status: str, peer_code: int = 1) -> None:
     """Stop this process because of a peer: hooks (``status``), one line, ``os._exit``."""
     with _S.lock:
         if _S.stopping or _S.failed_code is not None:
             return
         _S.stopping = True
-    code = _exit_code()
+    code = _exit_code(peer_code)
     for hook in list(_S.hooks):
         try:
             hook(status)
@@ -146,8 +150,13 @@ def _judge(entries: dict, seen: dict, now: float, start: float) -> None:
             continue
         failed = _key(entries, "failed", j)
         if failed is not None:
-            reason = f"process {j} failed: {failed}"
-            _stop(f"simpar: {reason}; process {_S.me} stops too", f"failed: {reason}")
+            code, _, why = failed.partition(" ")
+            reason = f"process {j} failed: {why}"
+            _stop(
+                f"simpar: {reason}; process {_S.me} stops too",
+                f"failed: {reason}",
+                int(code) if code.isdigit() else 1,
+            )
         if _S.finished or _key(entries, "done", j) is not None:
             continue
         beat = _key(entries, "beat", j)
@@ -189,8 +198,10 @@ def _halt() -> None:
 
 
 def _leaving() -> None:
-    """At interpreter exit without :func:`finish` or a failure: tell the peers."""
-    if _S.thread is not None and not _S.finished and _S.failed_code is None:
+    """At interpreter exit inside a run (:func:`begin`) that neither finished nor failed:
+    tell the peers. Outside a run (a bad option on every process, or a script that joined
+    without running one) JAX's own shutdown ends the processes together."""
+    if _S.entered and not _S.finished and _S.failed_code is None:
         publish_failure("exited before the run ended", 1)
         exit_now()  # JAX's shutdown would wait for the peers, which now leave
 
@@ -225,7 +236,7 @@ def publish_failure(reason: str, code: int) -> None:
         _S.failed_code = int(code)
     reason = " ".join(str(reason).split())[:500]
     with contextlib.suppress(Exception):
-        _S.client.key_value_set(f"{_PREFIX}failed/{_S.me}", reason, allow_overwrite=True)
+        _S.client.key_value_set(f"{_PREFIX}failed/{_S.me}", f"{code} {reason}", True)
     atexit.register(exit_now)  # registered last: runs before JAX's atexit hooks
 
 
@@ -236,6 +247,12 @@ def exit_now() -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(_S.failed_code)
+
+
+def begin() -> None:
+    """This process starts its run (the driver's guard): leaving without :func:`finish` or
+    :func:`publish_failure` is then a failure the peers hear of."""
+    _S.entered = True
 
 
 def finish() -> None:
