@@ -175,3 +175,16 @@ def test_sigterm_to_process_1_ends_both(tmp_path):
     assert abs(end0 - end1) < LIMIT_S
     _assert_clean_exit(p0, 1, "terminated")
     assert _status(out) == "failed: process 1 failed: terminated"
+
+
+@pytest.mark.parametrize("bad", ["model.name=banana", "time.steps=-3"])
+def test_invalid_input_on_every_process_exits_2(tmp_path, bad):
+    """A bad key seen by both processes (before the run: the model; in the driver: the
+    steps): both exit 2 with the one message, as a one-process run does."""
+    out = tmp_path / "run.nc"
+    (p0, p1), (end0, end1) = _run_pair((*HEAT, "--set", bad, "--out", str(out)), timeout=120)
+    key = bad.split("=")[0]
+    for r in (p0, p1):
+        lines = _simpar_lines(r.stderr)
+        assert r.returncode == 2 and len(lines) == 1 and key in lines[0], r.stderr[-3000:]
+    assert abs(end0 - end1) < LIMIT_S and not out.exists()

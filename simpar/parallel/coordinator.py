@@ -12,9 +12,10 @@ watchdogs (``simpar.parallel.watchdog``) of the others to notice and end with on
 The helper (``python -m simpar.parallel.coordinator ADDRESS N HEARTBEAT_S SHUTDOWN_S``)
 prints ``ready`` once it listens, and reads its stdin: ``bye`` (process 0's
 ``jax.distributed.shutdown`` after the run, once every process passed the shutdown barrier)
-ends it at once; end-of-file without ``bye`` (process 0 died or failed) ends it
-``LINGER_S`` seconds later. It ignores SIGINT (process 0 decides what a Ctrl-C means) and
-lives in its own session; SIGTERM ends it.
+ends it at once; end-of-file without ``bye`` (process 0 died or failed) ends it once no
+process is connected to its port any more (the survivors have left; read from
+``/proc/net/tcp``), or ``LINGER_S`` seconds later at most. It ignores SIGINT (process 0
+decides what a Ctrl-C means) and lives in its own session; SIGTERM ends it.
 """
 
 from __future__ import annotations
@@ -95,9 +96,31 @@ def main(argv: list[str]) -> None:
     said = sys.stdin.buffer.read()  # until process 0 closes its end (exit, crash or kill)
     if b"bye" in said:
         service.shutdown()
-    else:
-        time.sleep(LINGER_S)
+        os._exit(0)
+    port = int(address.rpartition(":")[2])
+    end = time.monotonic() + LINGER_S
+    time.sleep(1.0)  # the survivors' watchdogs poll every 0.5 s
+    while time.monotonic() < end and connections(port) != 0:
+        time.sleep(0.5)
     os._exit(0)
+
+
+def connections(port: int) -> int | None:
+    """Established TCP connections to local ``port`` (Linux ``/proc/net/tcp*``; None if
+    unknown)."""
+    count, known = 0, False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        known = True
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 3 and cols[3] == "01" and int(cols[1].rpartition(":")[2], 16) == port:
+                count += 1
+    return count if known else None
 
 
 if __name__ == "__main__":
