@@ -114,7 +114,7 @@ def _stop(line: str, status: str, peer_code: int = 1) -> None:
 
 def _watch() -> None:
     beat = 0
-    seen: dict[int, tuple[str, float]] = {}
+    seen: dict[int, tuple[str | None, float]] = {}  # peer -> (last beat, when it changed)
     start = last_ok = time.monotonic()
     while not _S.halt.is_set():
         now = time.monotonic()
@@ -136,7 +136,10 @@ def _watch() -> None:
             _S.halt.wait(POLL_S)
             continue
         if _S.failed_code is None:
-            _judge(entries, seen, now, start)
+            try:
+                _judge(entries, seen, now, start)
+            except Exception as err:  # never die silently: the run would lose its watchdog
+                _say(f"simpar: warning: watchdog: {type(err).__name__}: {err}")
         _S.halt.wait(POLL_S)
 
 
@@ -159,9 +162,9 @@ def _judge(entries: dict, seen: dict, now: float, start: float) -> None:
             )
         if _S.finished or _key(entries, "done", j) is not None:
             continue
-        beat = _key(entries, "beat", j)
-        if beat is None or seen.get(j, (None,))[0] != beat:
-            seen[j] = (beat, now if beat is not None else start)
+        beat = _key(entries, "beat", j)  # None until the peer's first beat
+        if j not in seen or seen[j][0] != beat:
+            seen[j] = (beat, start if beat is None else now)  # last change
         elif now - seen[j][1] > PEER_TIMEOUT_S:
             reason = (
                 f"process {j} stopped responding (no heartbeat for {PEER_TIMEOUT_S:.0f} s: "
