@@ -22,9 +22,10 @@ that long), or when the key-value store has been unreachable for ``PEER_TIMEOUT_
 (:func:`on_stop`: process 0 sets ``run_status = "failed: <reason>"``), print ONE line naming
 the failed process and the reason on stderr, and ``os._exit(1)`` (2 when the peer found the
 input invalid; 128 + signal number when this process got SIGINT/SIGTERM too), so neither the
-collective nor JAX's shutdown barrier is waited for. A process that finished its run (:func:`finish`) no longer judges its peers'
-heartbeats (they end too), but still leaves (exit 1) when one of them publishes a failure:
-it would otherwise wait for it in JAX's shutdown barrier.
+collective nor JAX's shutdown barrier is waited for. A process that finished its run
+(:func:`finish`) no longer judges its peers' heartbeats (they end too), but still leaves
+(exit 1) when one of them publishes a failure: it would otherwise wait for it in JAX's
+shutdown barrier.
 
 A failing process itself leaves through :func:`exit_now` (an ``atexit`` hook that runs before
 JAX's own): its message is printed by the command line, and then it exits with its code
