@@ -23,7 +23,7 @@ import contextlib
 import signal
 import threading
 
-__all__ = ["Interrupted", "check", "deferred", "install", "uninstall"]
+__all__ = ["Interrupted", "check", "deferred", "install", "pending", "uninstall"]
 
 _REASONS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 _pending: list[int] = []  # signals received and not yet raised
@@ -82,6 +82,11 @@ def check() -> None:
     """Raise :class:`Interrupted` if a signal arrived since :func:`install`."""
     if _pending:
         raise Interrupted(_pending[0])
+
+
+def pending() -> int | None:
+    """The first signal received and not yet raised (e.g. ``signal.SIGTERM``), or None."""
+    return _pending[0] if _pending else None
 
 
 class _Stop:

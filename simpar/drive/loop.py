@@ -30,6 +30,7 @@ returning a :class:`Plan` subclass, whose ``build`` returns a :class:`Run` subcl
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -53,6 +54,10 @@ from simpar.progress import Progress
 KILL_ENV = "SIMPAR_TEST_KILL_AFTER_FRAME"
 """Test hook: ``SIGKILL`` this process once the output holds this many frames (and the
 checkpoint of the last one is written); a deterministic crash for the resume tests."""
+
+WRITE_ERROR_ENV = "SIMPAR_TEST_WRITE_ERROR_AFTER_FRAME"
+"""Test hook: writing a frame after this many frames fails as a full disk would (``OSError``
+ENOSPC); a deterministic write error for the fault tests."""
 
 
 @dataclass(frozen=True)
@@ -335,11 +340,20 @@ PROBE_STEPS = 128  # steps of a chunk at most until the step time is measured
 def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
     """Run one experiment through ``adapter`` (a module with ``plan``); returns the summary.
 
+    In a multi-process run a failure on one process ends all of them
+    (``simpar.parallel.distributed.guard``).
+
     Raises:
       ConfigError: invalid input (no output file is created).
       SimulationError: the run failed (the output keeps every frame written before).
       simpar.signals.Interrupted: SIGINT/SIGTERM (``run_status = "failed: <reason>"``).
     """
+    with distributed.guard() as watch:
+        return _drive(adapter, data, config_text, opts, watch)
+
+
+def _drive(adapter, data: dict, config_text: str, opts: Options, watch) -> dict:
+    """:func:`drive` within its guard (``watch``: ``simpar.parallel.distributed.watch``)."""
     cfg = Section(data)
     plan = adapter.plan(cfg, opts, config_text)  # reads every key of its own
     cfg.check_unused()
@@ -382,8 +396,9 @@ def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
     last_good = f"{path} (frames up to step {first + start})" if c.resume else None
     last_good = last_good or f"{path} (no frame written)"
     kill_after = int(os.environ.get(KILL_ENV, "0") or 0)
+    fail_after = int(os.environ.get(WRITE_ERROR_ENV, "0") or 0)
 
-    with status_on_exit(writer):
+    with status_on_exit(writer), watch(writer.set_status, lambda: (first + done, last_good)):
         with (
             signals.deferred() as stop,
             Progress(c.steps, enabled=c.progress and main, desc=run.desc) as bar,
@@ -398,6 +413,10 @@ def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
                     bar.write(line)
                 if main:
                     try:
+                        if fail_after and frames > fail_after:
+                            raise OSError(
+                                errno.ENOSPC, f"No space left on device ({WRITE_ERROR_ENV})"
+                            )
                         run.write_frame(writer, step, snap, obs)
                     except (OSError, RuntimeError) as err:  # disk full (h5py: RuntimeError)
                         raise write_error(err, path, step, last_good) from None

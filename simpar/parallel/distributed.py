@@ -17,25 +17,41 @@ devices (``jax.devices()`` lists them by process). Grid models run this way on `
 ``shard_map`` and ``sharded`` (the ring spans the processes' devices: ``--devices 4`` on two
 processes is a ring of 8).
 Every process builds the initial state on the host, places only its own blocks, runs the same
-compiled chunks and takes part in the collectives; process 0 alone writes the output file, the checkpoints and the progress. For a
-frame the state is gathered to every host (``multihost_utils.process_allgather``), so the
-driver first checks its size against ``output.gather_limit_gib``.
+compiled chunks and takes part in the collectives; process 0 alone writes the output file,
+the checkpoints and the progress. For a frame the state is gathered to every host
+(``multihost_utils.process_allgather``), so the driver first checks its size against
+``output.gather_limit_gib``.
 
 On CPU the cross-process collectives go through gloo (set here before JAX starts).
+
+Failures end every process (``simpar.parallel.watchdog``): when one process fails (a write
+error, an invalid input, a signal, a simulation error) it publishes its reason and the others
+exit 1 with one line naming it; when one dies (SIGKILL, a crash), the others notice its
+heartbeat stop within ``watchdog.PEER_TIMEOUT_S`` (10 s) and do the same. Process 0, if
+alive, sets ``run_status = "failed: <reason>"``; the checkpoint of the last frame stays
+resumable. The driver wraps a run in :func:`guard`.
 """
 
 from __future__ import annotations
 
-from simpar.errors import ConfigError
+import atexit
+import contextlib
+
+from simpar.errors import ConfigError, SimulationError
 
 # the host <-> device transfers live with the block mapping; re-exported for existing callers
 from simpar.parallel.blocks import gather_blocks, put_blocks, put_global, to_host
+from simpar.parallel.coordinator import ServiceProcess
+
+HEARTBEAT_S = 25  # jax.distributed's heartbeat timeout (s): a dead peer aborts the others then
 
 __all__ = [
     "NoWriter",
     "barrier",
     "check_gather_size",
     "gather_blocks",
+    "guard",
+    "watch",
     "initialize",
     "is_main",
     "process_count",
@@ -113,10 +129,20 @@ def initialize(
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # JAX's preemption service catches SIGTERM in C++ (simpar.signals never sees it) and
+    # waits for a sync point simpar does not have: with it, SIGTERM to a 2-process run hung
+    # both processes in their next collective until SIGKILL
+    jax.config.update("jax_enable_preemption_service", False)
     try:
-        jax.distributed.initialize(
-            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
-        )
+        with _service_in_helper():
+            jax.distributed.initialize(
+                coordinator_address=coordinator,
+                num_processes=num_processes,
+                process_id=process_id,
+                # the backstop after the watchdog (which acts after PEER_TIMEOUT_S): JAX's own
+                # verdict on a dead peer aborts with a C++ stack trace
+                heartbeat_timeout_seconds=HEARTBEAT_S,
+            )
     except (ValueError, RuntimeError) as err:
         if coordinator is None:
             raise ConfigError(
@@ -125,6 +151,138 @@ def initialize(
                 "--coordinator HOST:PORT --num-processes N --process-id I",
             ) from err
         raise ConfigError("--coordinator", f"jax.distributed.initialize failed: {err}") from err
+    from jax._src import distributed as jax_distributed
+
+    from simpar.parallel import watchdog
+
+    state = jax_distributed.global_state
+    watchdog.start(state.client, jax.process_index(), jax.process_count(), coordinator)
+    if isinstance(state.service, ServiceProcess):
+        atexit.register(_shutdown_after_run)  # after the run: end the helper in order
+
+
+@contextlib.contextmanager
+def _service_in_helper():
+    """Within the block, JAX starts process 0's coordination service in a helper process
+    (``simpar.parallel.coordinator``) so that it outlives process 0; JAX's own way if its
+    internals differ from 0.10-0.11's."""
+    from jax._src import distributed as jax_distributed
+
+    real = getattr(jax_distributed, "_jax", None)
+    if real is None or not hasattr(real, "get_distributed_runtime_service"):
+        yield
+        return
+
+    class _Lib:
+        get_distributed_runtime_service = ServiceProcess
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    jax_distributed._jax = _Lib()
+    try:
+        yield
+    finally:
+        jax_distributed._jax = real
+
+
+def _shutdown_after_run() -> None:
+    """``atexit`` of process 0: after a run that ended well, leave the shutdown barrier with
+    the others, then end the service's helper (``jax.distributed.shutdown``)."""
+    from simpar.parallel import watchdog
+
+    if watchdog.finished():
+        import jax
+
+        with contextlib.suppress(Exception):
+            jax.distributed.shutdown()
+
+
+@contextlib.contextmanager
+def guard():
+    """Around a run: every process ends when one fails (no-op in a one-process run).
+
+    Within the block, an exception on this process is published to the peers with its
+    one-line reason before it propagates (they exit 1 naming this process), and this process
+    then exits with its code at once after the command line's message (``ConfigError`` 2,
+    ``simpar.signals.Interrupted`` 128 + signal, else 1) instead of waiting for the peers in
+    JAX's shutdown. A normal end tells the peers this process is done.
+
+    Yields:
+      :func:`watch`, for the part of the run where a writer is open.
+    """
+    from simpar import signals
+    from simpar.parallel import watchdog
+
+    if not watchdog.active():
+        yield watch
+        return
+    watchdog.begin()
+    try:
+        yield watch
+    except ConfigError as err:
+        watchdog.publish_failure(f"invalid input: {err}", 2)
+        raise
+    except signals.Interrupted as err:
+        watchdog.publish_failure(err.reason, err.exit_code)
+        raise
+    except SimulationError as err:
+        watchdog.publish_failure(f"{err.reason} (step {err.step})", 1)
+        raise
+    except Exception as err:
+        if not _collective_failed(err):  # a bug: its traceback, and the peers stop
+            watchdog.publish_failure(f"{type(err).__name__}: {err}", 1)
+            raise
+        failure = _lost_peer(err, 0, None)  # before the writer opened
+        watchdog.publish_failure(failure.reason, 1)
+        raise failure from None
+    except BaseException as err:
+        watchdog.publish_failure(f"{type(err).__name__}: {err}", 1)
+        raise
+    watchdog.finish()
+
+
+def _collective_failed(err: BaseException) -> bool:
+    """Whether ``err`` is a runtime error of XLA (gloo: "Connection closed by peer", ...)."""
+    return type(err).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+
+
+def _lost_peer(err: BaseException, step: int, last_good: str | None) -> SimulationError:
+    """A failed collective (gloo ``JaxRuntimeError``: a peer went away): give the watchdog
+    time to name the peer (it then ends this process); else a ``SimulationError``."""
+    from simpar.parallel import watchdog
+
+    watchdog.verdict_wait()
+    why = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+    return SimulationError(
+        step,
+        f"a collective across processes failed and no peer was named ({type(err).__name__}: {why})",
+        checkpoint=last_good,
+    )
+
+
+@contextlib.contextmanager
+def watch(set_status, where):
+    """While a writer is open: a peer's failure sets ``run_status`` through ``set_status``
+    (called by the watchdog thread with ``"failed: <reason>"``), and a failed collective
+    waits for the watchdog's verdict before it becomes a ``SimulationError``.
+
+    Args:
+      set_status: ``writer.set_status``.
+      where: ``() -> (step, last_good)``, the current step and the last good output.
+    """
+    from simpar.parallel import watchdog
+
+    if not watchdog.active():
+        yield
+        return
+    with watchdog.on_stop(set_status):
+        try:
+            yield
+        except Exception as err:
+            if not _collective_failed(err):
+                raise
+            raise _lost_peer(err, *where()) from None
 
 
 def process_count() -> int:
