@@ -49,6 +49,9 @@ class Provider(NamedTuple):
       refresh: ``(state, nbrs, init) -> (state, nbrs)`` between builds (ghost positions).
       others: ``(state, nbrs) -> float[K, 3]`` positions that ``nbrs.idx`` indexes, or None
         for the state's own positions.
+      block: rows per pass of the force kernel (``forces.pair_forces``; static): -1 the
+        backend's default, None one pass (``sharded``: a row-blocked ``lax.map`` would make
+        XLA gather the neighbour lists and all-reduce the force blocks across devices).
     """
 
     skin: float
@@ -60,6 +63,7 @@ class Provider(NamedTuple):
     rebuild: Callable
     refresh: Callable
     others: Callable
+    block: int | None = -1
 
 
 def md_step(ensemble: str, space, pot, params, prov: Provider, state, nbrs, init=None):
@@ -109,7 +113,8 @@ def md_step(ensemble: str, space, pot, params, prov: Provider, state, nbrs, init
     moved = state._replace(position=r, velocity=v)
     s, nbrs = jax.lax.cond(rebuild, prov.rebuild, prov.refresh, moved, nbrs, flag)
     valid = prov.valid(s)
-    f = pair_forces(pot, space, s.position, nbrs.idx, energy=False, others=prov.others(s, nbrs))
+    f = pair_forces(pot, space, s.position, nbrs.idx, energy=False, others=prov.others(s, nbrs),
+                    block=prov.block)  # fmt: skip
     f = jnp.where(valid[:, None], f, 0.0)
     v = integrate.kick(s.velocity, f, s.mass, params.dt)
     if init is not None:
