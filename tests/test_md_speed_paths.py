@@ -1,4 +1,5 @@
-"""The MD speed paths: what the compiled ``sharded`` LJ chunk moves, and the compilation cache.
+"""The MD speed paths: what the compiled ``sharded`` LJ chunk moves, and the compilation cache
+of command-line runs (``simpar.cli.compile_cache_dir``).
 
 The ``sharded`` chunk (``md.run_chunk`` on particle arrays split over 8 CPU devices, see
 conftest.py) is read from its compiled HLO after SPMD partitioning
@@ -7,6 +8,10 @@ float[N, 3]); anything beyond twice that is the partitioner moving neighbour lis
 blocks (issue 17 item 9: the row-blocked CPU kernel under ``lax.map`` made it 6.2 MB per
 device and step at 4,000 atoms, against 96 KB).
 """
+
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -102,3 +107,49 @@ def test_sharded_forces_equal_single_bitwise(block):
     np.testing.assert_array_equal(np.asarray(s.position), np.asarray(one.state.position))
     np.testing.assert_array_equal(np.asarray(s.force), np.asarray(one.state.force))
     assert int(nb.n_builds) == one.builds
+
+
+def test_compile_cache_dir_policy(tmp_path):
+    """Where ``simpar run`` keeps compiled programs, and the two ways to turn it off."""
+    from simpar.cli import compile_cache_dir
+
+    home = {"HOME": str(tmp_path)}
+    assert compile_cache_dir(environ=home) == os.path.join(str(tmp_path), ".cache", "simpar", "jax")
+    xdg = {**home, "XDG_CACHE_HOME": str(tmp_path / "x")}
+    assert compile_cache_dir(environ=xdg) == str(tmp_path / "x" / "simpar" / "jax")
+    own = {**xdg, "SIMPAR_COMPILE_CACHE_DIR": str(tmp_path / "c")}
+    assert compile_cache_dir(environ=own) == str(tmp_path / "c")
+    assert compile_cache_dir(True, environ=own) is None
+    assert compile_cache_dir(environ={**own, "SIMPAR_NO_COMPILE_CACHE": "1"}) is None
+    assert compile_cache_dir(environ={**own, "SIMPAR_NO_COMPILE_CACHE": "0"}) == str(tmp_path / "c")
+
+
+def _cli(tmp_path, env, *extra):
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(
+        'name = "t"\n[model]\nname = "lj"\n'
+        '[system]\nlattice = "fcc"\ndensity = 0.8442\ncells = [4, 4, 4]\ntemperature = 1.44\n'
+        'seed = 1\ndtype = "float64"\n[time]\ndt = 0.005\nsteps = 4\n'
+        f'[output]\nevery = 2\npath = "{tmp_path / "o.h5md"}"\n'
+    )
+    cmd = [sys.executable, "-m", "simpar", "run", str(cfg), "--overwrite", "--quiet", *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_run_fills_the_compile_cache_unless_told_not_to(tmp_path):
+    """A command-line run writes compiled programs under ``$XDG_CACHE_HOME/simpar/jax``;
+    ``--no-compile-cache`` and ``SIMPAR_NO_COMPILE_CACHE=1`` write nothing."""
+    env = {k: v for k, v in os.environ.items() if k != "SIMPAR_NO_COMPILE_CACHE"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    env.pop("SIMPAR_COMPILE_CACHE_DIR", None)
+    cache = tmp_path / "xdg" / "simpar" / "jax"
+    res = _cli(tmp_path, env, "--no-compile-cache")
+    assert res.returncode == 0, res.stderr
+    assert not cache.exists()
+    res = _cli(tmp_path, {**env, "SIMPAR_NO_COMPILE_CACHE": "1"})
+    assert res.returncode == 0, res.stderr
+    assert not cache.exists()
+    res = _cli(tmp_path, env)
+    assert res.returncode == 0, res.stderr
+    assert cache.is_dir() and any(cache.iterdir())
