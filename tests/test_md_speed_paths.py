@@ -153,3 +153,38 @@ def test_cli_run_fills_the_compile_cache_unless_told_not_to(tmp_path):
     res = _cli(tmp_path, env)
     assert res.returncode == 0, res.stderr
     assert cache.is_dir() and any(cache.iterdir())
+
+
+def _melt(**kw):
+    r, box = lattice.cubic_lattice("fcc", 0.8442, (5,) * 3, jnp.float64)
+    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(3), r.shape[0], 3.0, dtype=jnp.float64)
+    pot = potentials.lennard_jones(cutoff=2.5, dtype=jnp.float64)
+    return md.make_simulation(space.periodic(box, jnp.float64), pot, r, v, dt=0.005, **kw)
+
+
+def test_neighbor_policy_every_check():
+    """LAMMPS's ``every N check no`` rebuilds exactly after steps N, 2N, ...; ``every N check
+    yes`` only there and only when needed; the defaults are the exact policy."""
+    exact = _melt(skin=0.3)
+    b0 = exact.builds
+    exact.advance(40)
+    n_exact = exact.builds - b0
+    assert n_exact >= 3  # a melting lattice at T = 3: the policies differ
+    ruled = _melt(skin=0.3, every=20, check=False)
+    ruled.advance(13)
+    assert ruled.builds == b0  # no rebuild before step 20
+    ruled.advance(27)
+    assert ruled.builds - b0 == 2  # after steps 20 and 40
+    lazy = _melt(skin=0.3, every=10, check=True)
+    lazy.advance(40)
+    assert 1 <= lazy.builds - b0 <= min(4, n_exact)
+    same = _melt(skin=0.3, every=1, check=True)
+    same.advance(40)
+    np.testing.assert_array_equal(np.asarray(same.state.position),
+                                  np.asarray(exact.state.position))  # fmt: skip
+    always = _melt(skin=0.3, every=1, check=False)
+    always.advance(5)
+    assert always.builds - b0 == 5
+    for bad in ({"every": 0}, {"every": 2.5}, {"check": "no"}):
+        with pytest.raises(ValueError, match="every|check"):
+            _melt(skin=0.3, **bad)

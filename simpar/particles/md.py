@@ -114,10 +114,12 @@ def compute_forces(spec: NeighborSpec, space: Space, pot: PairPotential, state: 
     return state._replace(force=f, e_pair=e, virial=w)
 
 
-def local_provider(spec: NeighborSpec, space: Space, block: int | None = -1) -> Provider:
+def local_provider(spec: NeighborSpec, space: Space, block: int | None = -1,
+                   policy: tuple[int, bool] = (1, True)) -> Provider:  # fmt: skip
     """The neighbour provider of ``single`` and ``sharded``: a Verlet list over the state's
     own slots (slot ``k`` holds atom ``k``), rebuilt by ``neighbors.build``; ``block``: the
-    force kernel's rows per pass (``row_block``)."""
+    force kernel's rows per pass (``row_block``); ``policy``: ``(every, check)``, see
+    ``step.Provider``."""
 
     def rebuild(s, nb, _init):
         return s, neighbors.merge(nb, neighbors.build(spec, space, s.position, s.valid))
@@ -133,6 +135,8 @@ def local_provider(spec: NeighborSpec, space: Space, block: int | None = -1) -> 
         refresh=lambda s, nb, _init: (s, nb),
         others=lambda s, nb: None,
         block=block,
+        every=int(policy[0]),
+        check=bool(policy[1]),
     )
 
 
@@ -150,10 +154,10 @@ def row_block(x) -> int | None:
     return -1
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("block",))
+@functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("block", "policy"))
 def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotential,
               params: MDParams, state: MDState, nbrs: NeighborList, n_steps,
-              block: int | None = -1):  # fmt: skip
+              block: int | None = -1, policy: tuple[int, bool] = (1, True)):  # fmt: skip
     """Advance up to ``n_steps`` steps (stops early after a neighbour overflow).
 
     Args:
@@ -163,11 +167,12 @@ def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotentia
       state, nbrs: current state and its neighbour list.
       n_steps: int scalar (traced: one compilation serves every chunk length).
       block: static, the force kernel's rows per pass: ``row_block(state.position)``.
+      policy: static ``(every, check)`` neighbour policy (``step.Provider``; default exact).
 
     Returns:
       (state, nbrs) after the chunk; check ``nbrs.error`` before trusting it.
     """
-    prov = local_provider(spec, space, block)
+    prov = local_provider(spec, space, block, policy)
     step_fn = functools.partial(md_step, ensemble, space, pot, params, prov)
     state, nbrs = run_steps(step_fn, state, nbrs, n_steps)
     _, e, w = pair_forces(pot, space, state.position, nbrs.idx, block=block)
@@ -194,6 +199,9 @@ class Simulation(Regrowing):
       capacity_factor: head-room when regrowing.
       placement: optional function applied to (state, nbrs) after a regrow (sharding).
       regrows: number of overflow repairs so far.
+      max_regrows: regrows allowed per chunk.
+      every, check: neighbour policy (``step.Provider``; default: the exact skin/2 check
+        after every step).
     """
 
     ensemble: str
@@ -207,6 +215,8 @@ class Simulation(Regrowing):
     placement: object = None
     regrows: int = 0
     max_regrows: int = 10
+    every: int = 1
+    check: bool = True
 
     def _rebuild(self, state):
         nbrs = jax.jit(neighbors.build, static_argnums=0)(
@@ -220,7 +230,8 @@ class Simulation(Regrowing):
     def _chunk(self, n_steps: int):
         return run_chunk(self.ensemble, self.spec, self.space, self.pot, self.params,
                          self.state, self.nbrs, jnp.int32(n_steps),
-                         block=row_block(self.state.position))  # fmt: skip
+                         block=row_block(self.state.position),
+                         policy=(self.every, self.check))  # fmt: skip
 
     def _error(self, nbrs) -> int:
         return int(np.asarray(nbrs.error))
@@ -330,6 +341,8 @@ def make_simulation(
     capacity_factor: float = 1.2,
     all_pairs: bool = False,
     placement=None,
+    every: int = 1,
+    check: bool = True,
 ) -> Simulation:
     """Set up a run: allocate the neighbour list and compute the step-0 forces.
 
@@ -348,6 +361,8 @@ def make_simulation(
       capacity_factor: head-room when sizing / regrowing.
       all_pairs: all-pairs candidates instead of a cell list.
       placement: optional ``tree -> tree`` applied to every array set (sharding).
+      every, check: LAMMPS's ``neigh_modify every N check yes|no`` (``step.Provider``);
+        the default, 1 and True, is the exact policy.
 
     Returns:
       A ``Simulation`` at step ``step`` with forces, energy and virial computed.
@@ -375,7 +390,12 @@ def make_simulation(
     params = make_params(dt, kt, gamma, dtype=dtype)
     if placement is not None:
         state, nbrs, space, pot, params = placement((state, nbrs, space, pot, params))
-    sim = Simulation(ensemble, space, pot, params, spec, state, nbrs, capacity_factor, placement)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an integer >= 1 (steps), got {every!r}")
+    if not isinstance(check, bool):
+        raise ValueError(f"check must be True or False, got {check!r}")
+    sim = Simulation(ensemble, space, pot, params, spec, state, nbrs, capacity_factor, placement,
+                     every=every, check=check)  # fmt: skip
     sim.nbrs = sim._repair(nbrs)
     sim.state = jax.jit(compute_forces, static_argnums=0)(sim.spec, space, pot, state, sim.nbrs)
     return sim
