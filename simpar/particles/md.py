@@ -381,6 +381,7 @@ def make_simulation(
         space, position, valid, cutoff=float(pot.cutoff), skin=skin,
         capacity_factor=capacity_factor, max_neighbors=max_neighbors,
         column_capacity=column_capacity, all_pairs=all_pairs,
+        block=None if placement is None else n,  # sharded: one pass, as ``row_block``
     )  # fmt: skip
     zero = jnp.zeros((), dtype)
     state = MDState(
