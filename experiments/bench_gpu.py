@@ -8,7 +8,8 @@ in-place and out-of-place passes measure device memory):
 - heat 2-D 5-point float32, periodic and with walls on x: M cell-updates/s; roofline
   bandwidth / 8 bytes (one float32 read and written per update);
 - LBM D2Q9 float32, periodic and lid-driven cavity: MLUPS; roofline bandwidth / 72 bytes;
-- Lennard-Jones (LAMMPS in.lj: fcc 0.8442, T 1.44, rc 2.5) float32: atom-steps/s;
+- Lennard-Jones (LAMMPS in.lj: fcc 0.8442, T 1.44, rc 2.5) float32: atom-steps/s, with the
+  exact neighbour policy and with in.lj's ``every 20 check no``;
 - N-body all-pairs float32: pair interactions/s.
 
 It reuses the functions of ``bench_heat.py``, ``bench_lbm.py``, ``bench_md.py`` and
@@ -111,6 +112,10 @@ def main(argv=None) -> int:
     lj = bench_md.bench(np.dtype("float32"), cells, steps, args.repeats, 0.3)
     lj = {k: v for k, v in lj.items() if not isinstance(v, dict)}
     _log(lj=lj)
+    # LAMMPS's shipped policy (neigh_modify every 20 check no) beside the exact default
+    lj20 = bench_md.bench(np.dtype("float32"), cells, steps, args.repeats, 0.3, 20, False)
+    lj20 = {k: v for k, v in lj20.items() if not isinstance(v, dict)}
+    _log(lj_every20_check_no=lj20)
 
     pos, vel, mass = plummer_sphere(n_body, seed=1, dtype=np.dtype("float32"))
     nb_params = make_params(0.001, 1.0, 0.01, dtype=np.dtype("float32"))
@@ -136,6 +141,7 @@ def main(argv=None) -> int:
                 "heat2d_float32": {"grid": [n_heat, n_heat], "results": out_heat},
                 "lbm_d2q9_float32": {"grid": [n_lbm, n_lbm], "results": out_lbm},
                 "lj_float32": lj,
+                "lj_float32_every20_check_no": lj20,
                 "nbody_float32": {"n": n_body, "results": out_nbody},
                 "wall_s": time.perf_counter() - t_start,
             },

@@ -23,6 +23,15 @@ neighbour build, forces, integration and (for the 1x1x1 decomposition) the ghost
 process one after another (a pmap of two equal blocks takes twice one block), so only
 separate processes measure what two devices on two cores give. ``single`` then runs as its
 own 1-process, 1-device job for the ratios.
+Each process of ``--processes N`` is pinned to its own core (``os.sched_setaffinity`` before
+it starts: core ``i`` modulo the cores available; ``single`` on the first) and reports its
+affinity in the JSON (``affinity``); unpinned runs share cores and one already uses ~1.4.
+``--every N --check yes|no`` set the neighbour policy (LAMMPS's ``neigh_modify``; default the
+exact skin/2 check after every step). ``--vs-lammps`` runs LAMMPS's ``bench/in.lj`` (``lmp`` or
+``lmp_serial`` on PATH; ``lammps_peer.py``) and this benchmark (float64, ``single``) in
+interleaved rounds, each job pinned to the same core, with both policies (simpar exact vs LAMMPS
+``every 1 check yes``; simpar ``every 20 check no`` vs in.lj as shipped), and prints the best of
+``--rounds`` of each, the ratios and both codes' rebuild counts.
 ``--comm`` reports the collectives in the compiled ``sharded`` LJ chunk (HLO) and the bytes
 they move per step, beside the bytes of the ghost exchange of the decomposition.
 """
@@ -65,14 +74,15 @@ def best_chunk(sim, chunk: int, repeats: int) -> float:
     return best
 
 
-def bench(dtype, cells: int, chunk: int, repeats: int, skin: float) -> dict:
+def bench(dtype, cells: int, chunk: int, repeats: int, skin: float, every: int = 1,
+          check: bool = True) -> dict:  # fmt: skip
     r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, dtype)
     n = r.shape[0]
     v = lattice.maxwell_boltzmann(jax.random.PRNGKey(87287), n, 1.44, dtype=dtype)
     spc = space.periodic(box, dtype)
     pot = potentials.lennard_jones(cutoff=2.5, dtype=dtype)
     t0 = time.perf_counter()
-    sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=skin)
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=skin, every=every, check=check)
     th0 = sim.thermo()
     setup = time.perf_counter() - t0
     start = (sim.state, sim.nbrs)
@@ -215,7 +225,8 @@ def collectives(cells: int = 10, n_dev: int = 8, mesh=(2, 2, 2)) -> dict:
     sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3,
                              placement=lambda t: shard_particles(t, n_dev, n))  # fmt: skip
     lowered = md.run_chunk.lower("nve", sim.spec, sim.space, sim.pot, sim.params, sim.state,
-                                 sim.nbrs, jnp.int32(10))  # fmt: skip
+                                 sim.nbrs, jnp.int32(10),
+                                 block=md.row_block(sim.state.position))  # fmt: skip
     txt = lowered.compile().as_text()
     comp, found = None, []
     for line in txt.splitlines():
@@ -252,6 +263,8 @@ def _processes(args) -> dict:
     """Run the engines as ``args.processes`` processes of one CPU device each (and
     ``single`` as one 1-device process); process 0's JSON of each job."""
 
+    cores = sorted(os.sched_getaffinity(0))
+
     def job(n: int, engines: str) -> dict:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -261,22 +274,73 @@ def _processes(args) -> dict:
                "--engines", engines, "--coordinator", f"127.0.0.1:{port}",
                "--num-processes", str(n)]  # fmt: skip
         procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE,
-                                  text=True, env=dict(os.environ))  # fmt: skip
+                                  text=True, env=dict(os.environ),
+                                  preexec_fn=_pinner({cores[i % len(cores)]}))  # fmt: skip
                  for i in range(n)]  # fmt: skip
         outs = [p.communicate()[0] for p in procs]
         if any(p.returncode for p in procs):
             raise SystemExit(f"a benchmark process failed: {[p.returncode for p in procs]}")
-        return json.loads(outs[0][outs[0].index("{\n") :])
+        res = [json.loads(o[o.index("{\n") :]) for o in outs]
+        return {**res[0], "affinity": [r["affinity"] for r in res]}
 
     engines = [e for e in args.engines.split(",") if e != "single"]
     one, many = job(1, "single"), job(args.processes, ",".join(engines))
-    out = {"processes": args.processes, "devices_per_process": 1}
+    out = {"processes": args.processes, "devices_per_process": 1,
+           "affinity_single": one["affinity"], "affinity_processes": many["affinity"],
+           "cores_available": cores, "oversubscribed": args.processes > len(cores)}  # fmt: skip
     for name in args.dtypes.split(","):
         res = {"single": one[name]["single"], **many[name]}
         for r in res.values():
             r["ratio_to_single"] = r["atom_steps_per_s"] / res["single"]["atom_steps_per_s"]
         out[name] = res
     return out
+
+
+def _pinner(cpus: set[int]):
+    """A ``preexec_fn`` pinning the child to ``cpus`` before it starts (its threads inherit it;
+    ``XLA_FLAGS`` thread limits did not hold XLA to one core, affinity does)."""
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def _vs_lammps(args) -> dict:
+    """``--vs-lammps``: LAMMPS in.lj and simpar ``single`` float64, interleaved, pinned."""
+    import lammps_peer
+
+    lmp = lammps_peer.find_lmp()
+    if lmp is None:
+        raise SystemExit("--vs-lammps: neither lmp nor lmp_serial is on PATH (Debian: lammps)")
+    core = {sorted(os.sched_getaffinity(0))[-1]}
+    policies = {"exact_vs_check_yes": (1, True), "every20_check_no_vs_in.lj": (20, False)}
+    best: dict = {k: {"simpar": None, "lammps": None} for k in policies}
+    loads = []
+    for _ in range(args.rounds):
+        for name, (every, check) in policies.items():
+            loads.append(os.getloadavg()[0])
+            lam = lammps_peer.run_lammps(lmp, lammps_peer.in_lj(args.cells, every, check), core)
+            cmd = [sys.executable, __file__, "--cells", str(args.cells), "--chunk",
+                   str(args.chunk), "--repeats", "1", "--skin", "0.3", "--dtypes", "float64",
+                   "--every", str(every), "--check", "yes" if check else "no"]  # fmt: skip
+            res = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_pinner(core))
+            if res.returncode:
+                raise SystemExit(f"simpar benchmark failed: {res.stderr[-800:]}")
+            sim = json.loads(res.stdout[res.stdout.index("{\n") :])
+            run = sim["float64"]
+            run["affinity"] = sim["affinity"]
+            b = best[name]
+            if b["lammps"] is None or lam["atom_steps_per_s"] > b["lammps"]["atom_steps_per_s"]:
+                b["lammps"] = lam
+            key = "atom_steps_per_s_first_100_steps"
+            if b["simpar"] is None or run[key] > b["simpar"][key]:
+                b["simpar"] = run
+    for b in best.values():
+        s, lam = b["simpar"], b["lammps"]
+        b["ratio_simpar_to_lammps"] = (
+            s["atom_steps_per_s_first_100_steps"] / lam["atom_steps_per_s"]
+        )
+        b["builds"] = {"simpar": s["neighbor_builds_first_100_steps"],
+                       "lammps": lam["neighbor_builds"]}  # fmt: skip
+    return {"lammps": lmp, "core": sorted(core), "rounds": args.rounds,
+            "load_average_1min": loads, "policies": best}  # fmt: skip
 
 
 def main() -> None:
@@ -299,6 +363,12 @@ def main() -> None:
         default=1,
         help="run the engines as this many 1-device processes (jax.distributed)",
     )
+    ap.add_argument("--every", type=int, default=1, help="neighbour policy: check every N steps")
+    ap.add_argument("--check", choices=("yes", "no"), default="yes",
+                    help="neighbour policy: rebuild only when an atom moved skin/2 (yes)")  # fmt: skip
+    ap.add_argument("--vs-lammps", action="store_true",
+                    help="LAMMPS in.lj and simpar interleaved on one pinned core")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --vs-lammps (best of)")
     ap.add_argument("--coordinator", help=argparse.SUPPRESS)  # set for the worker processes
     ap.add_argument("--num-processes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
@@ -308,6 +378,11 @@ def main() -> None:
 
         jax.config.update("jax_num_cpu_devices", 1)
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    elif args.vs_lammps:
+        print(json.dumps({"benchmark": "LAMMPS in.lj vs simpar single, float64, pinned",
+                          "jax": jax.__version__, "host": platform.node(),
+                          **_vs_lammps(args)}, indent=1))  # fmt: skip
+        return
     elif args.processes > 1:
         print(json.dumps({"benchmark": "LAMMPS in.lj, engines as processes",
                           "jax": jax.__version__, **_processes(args)}, indent=1))  # fmt: skip
@@ -319,6 +394,8 @@ def main() -> None:
         "device": str(jax.devices()[0]),
         "host": platform.node(),
         "skin": args.skin,
+        "neighbor_policy": {"every": args.every, "check": args.check},
+        "affinity": sorted(os.sched_getaffinity(0)),
     }
     if args.comm:
         out["communication"] = collectives()
@@ -327,7 +404,8 @@ def main() -> None:
     for name in args.dtypes.split(","):
         dtype = jnp.dtype(name)
         if not args.engines:
-            out[name] = bench(dtype, args.cells, args.chunk, args.repeats, args.skin)
+            out[name] = bench(dtype, args.cells, args.chunk, args.repeats, args.skin,
+                              args.every, args.check == "yes")  # fmt: skip
             continue
         res = bench_engines(args.engines.split(","), dtype, args.cells, args.chunk, args.repeats)
         for eng, r in res.items():

@@ -4,7 +4,7 @@
                            [--out PATH] [--set key.sub=value ...] [--overwrite] [--quiet]
                            [--coordinator HOST:PORT --num-processes N --process-id I]
                            [--distributed]
-                           [--show-layout]
+                           [--show-layout] [--no-compile-cache]
     simpar info [--devices N] [--mesh AxB[xC] [--engine E] [--grid NxM[xK]]]
     simpar plot OUT.h5
     simpar --version
@@ -22,6 +22,11 @@ stops at the next safe point with ``run_status = "failed: interrupted"`` / ``"fa
 terminated"`` and a usable checkpoint (``simpar.signals``).
 JAX is configured (number of CPU devices) before it starts, so ``--devices`` works on CPU;
 ``--devices`` and the count a ``--mesh`` implies are capped at ``MAX_DEVICES`` (exit 2).
+``simpar run`` keeps JAX's compiled programs in a persistent cache (``compile_cache_dir``:
+``$SIMPAR_COMPILE_CACHE_DIR``, else ``$XDG_CACHE_HOME/simpar/jax``, else
+``~/.cache/simpar/jax``), so a second run of the same config (or a regrow to a layout seen
+before) skips XLA compilation; ``--no-compile-cache`` or ``SIMPAR_NO_COMPILE_CACHE=1`` turns it
+off.
 stdout of ``simpar run`` carries only the one JSON summary line: whatever the run prints
 (``--show-layout``, progress, thermo rows, ``wrote PATH``) goes to stderr.
 """
@@ -113,6 +118,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="do not keep compiled programs in the user cache directory (also: "
+        "SIMPAR_NO_COMPILE_CACHE=1)",
+    )
+    r.add_argument(
         "--show-layout",
         action="store_true",
         help="print which device holds which block of the state before the run (to stderr)",
@@ -153,6 +164,44 @@ def _configure_jax(devices: int | None) -> None:
             jax.config.update("jax_num_cpu_devices", int(devices))
         except RuntimeError:
             pass  # JAX already started (library use, tests): the device count is checked later
+
+
+def compile_cache_dir(disabled: bool = False, environ=None) -> str | None:
+    """The persistent compilation cache directory of ``simpar run``, or None when off.
+
+    Args:
+      disabled: ``--no-compile-cache`` given.
+      environ: the environment (default ``os.environ``): ``SIMPAR_NO_COMPILE_CACHE`` set to
+        anything but ``""``/``0`` turns the cache off; ``SIMPAR_COMPILE_CACHE_DIR`` names the
+        directory, else ``$XDG_CACHE_HOME/simpar/jax``, else ``~/.cache/simpar/jax``.
+
+    Returns:
+      An absolute path (not created here), or None.
+    """
+    env = os.environ if environ is None else environ
+    if disabled or env.get("SIMPAR_NO_COMPILE_CACHE", "") not in ("", "0"):
+        return None
+    if env.get("SIMPAR_COMPILE_CACHE_DIR"):
+        return os.path.abspath(os.path.expanduser(env["SIMPAR_COMPILE_CACHE_DIR"]))
+    home = env.get("HOME") or os.path.expanduser("~")
+    base = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    return os.path.abspath(os.path.join(base, "simpar", "jax"))
+
+
+def _enable_compile_cache(disabled: bool) -> str | None:
+    """Point JAX's persistent compilation cache at ``compile_cache_dir`` (before the first
+    compilation). Programs compiling in 0.1 s or more are kept (JAX's default, 1 s, would
+    skip most of a run's chunk programs). An unusable directory only costs the cache: JAX
+    warns and compiles as before. Returns the directory, or None when off."""
+    path = compile_cache_dir(disabled)
+    if path is None:
+        return None
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
 
 
 def _cmd_info(args) -> int:
@@ -230,6 +279,7 @@ def _cmd_run(args) -> int:
     data, text = cfgmod.load(args.config, args.set)
     signals.check()  # a Ctrl-C / SIGTERM during start-up stops here, before JAX starts
     _configure_jax(devices)
+    _enable_compile_cache(args.no_compile_cache)
     if multi:
         from simpar.parallel import distributed
 

@@ -19,6 +19,9 @@ import platform
 import signal
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# command-line runs of the tests (in-process and subprocesses) keep no compiled programs in the
+# user's cache directory (simpar.cli.compile_cache_dir); the cache's own test sets it per run
+os.environ.setdefault("SIMPAR_NO_COMPILE_CACHE", "1")
 if platform.machine().lower() in ("x86_64", "amd64") and "xla_cpu_max_isa" not in os.environ.get(
     "XLA_FLAGS", ""
 ):

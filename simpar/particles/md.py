@@ -114,9 +114,12 @@ def compute_forces(spec: NeighborSpec, space: Space, pot: PairPotential, state: 
     return state._replace(force=f, e_pair=e, virial=w)
 
 
-def local_provider(spec: NeighborSpec, space: Space) -> Provider:
+def local_provider(spec: NeighborSpec, space: Space, block: int | None = -1,
+                   policy: tuple[int, bool] = (1, True)) -> Provider:  # fmt: skip
     """The neighbour provider of ``single`` and ``sharded``: a Verlet list over the state's
-    own slots (slot ``k`` holds atom ``k``), rebuilt by ``neighbors.build``."""
+    own slots (slot ``k`` holds atom ``k``), rebuilt by ``neighbors.build``; ``block``: the
+    force kernel's rows per pass (``row_block``); ``policy``: ``(every, check)``, see
+    ``step.Provider``."""
 
     def rebuild(s, nb, _init):
         return s, neighbors.merge(nb, neighbors.build(spec, space, s.position, s.valid))
@@ -131,12 +134,30 @@ def local_provider(spec: NeighborSpec, space: Space) -> Provider:
         rebuild=rebuild,
         refresh=lambda s, nb, _init: (s, nb),
         others=lambda s, nb: None,
+        block=block,
+        every=int(policy[0]),
+        check=bool(policy[1]),
     )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+def row_block(x) -> int | None:
+    """Rows per pass of the force kernel for state arrays placed like ``x``: None (one pass)
+    when ``x`` is split over several devices (``sharded``), whose partitioner keeps a
+    one-pass kernel local to each shard but gathers the neighbour lists and all-reduces the
+    force blocks of a row-blocked one (6.2 MB per device and step at 4,000 atoms on 8
+    devices, against the 96 KB of the position all-gather); -1 (the backend's default,
+    ``forces.pair_forces``) otherwise. The forces are the same bit for bit with FMA off.
+    """
+    sharding = getattr(x, "sharding", None)
+    if sharding is not None and len(sharding.device_set) > 1:
+        return None
+    return -1
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("block", "policy"))
 def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotential,
-              params: MDParams, state: MDState, nbrs: NeighborList, n_steps):  # fmt: skip
+              params: MDParams, state: MDState, nbrs: NeighborList, n_steps,
+              block: int | None = -1, policy: tuple[int, bool] = (1, True)):  # fmt: skip
     """Advance up to ``n_steps`` steps (stops early after a neighbour overflow).
 
     Args:
@@ -145,14 +166,16 @@ def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotentia
       space, pot, params: pytrees of parameters.
       state, nbrs: current state and its neighbour list.
       n_steps: int scalar (traced: one compilation serves every chunk length).
+      block: static, the force kernel's rows per pass: ``row_block(state.position)``.
+      policy: static ``(every, check)`` neighbour policy (``step.Provider``; default exact).
 
     Returns:
       (state, nbrs) after the chunk; check ``nbrs.error`` before trusting it.
     """
-    prov = local_provider(spec, space)
+    prov = local_provider(spec, space, block, policy)
     step_fn = functools.partial(md_step, ensemble, space, pot, params, prov)
     state, nbrs = run_steps(step_fn, state, nbrs, n_steps)
-    _, e, w = pair_forces(pot, space, state.position, nbrs.idx)
+    _, e, w = pair_forces(pot, space, state.position, nbrs.idx, block=block)
     return state._replace(e_pair=e, virial=w), nbrs
 
 
@@ -176,6 +199,9 @@ class Simulation(Regrowing):
       capacity_factor: head-room when regrowing.
       placement: optional function applied to (state, nbrs) after a regrow (sharding).
       regrows: number of overflow repairs so far.
+      max_regrows: regrows allowed per chunk.
+      every, check: neighbour policy (``step.Provider``; default: the exact skin/2 check
+        after every step).
     """
 
     ensemble: str
@@ -189,6 +215,8 @@ class Simulation(Regrowing):
     placement: object = None
     regrows: int = 0
     max_regrows: int = 10
+    every: int = 1
+    check: bool = True
 
     def _rebuild(self, state):
         nbrs = jax.jit(neighbors.build, static_argnums=0)(
@@ -201,7 +229,9 @@ class Simulation(Regrowing):
     # the regrow loop's hooks (step.Regrowing) ---------------------------------------------
     def _chunk(self, n_steps: int):
         return run_chunk(self.ensemble, self.spec, self.space, self.pot, self.params,
-                         self.state, self.nbrs, jnp.int32(n_steps))  # fmt: skip
+                         self.state, self.nbrs, jnp.int32(n_steps),
+                         block=row_block(self.state.position),
+                         policy=(self.every, self.check))  # fmt: skip
 
     def _error(self, nbrs) -> int:
         return int(np.asarray(nbrs.error))
@@ -311,6 +341,8 @@ def make_simulation(
     capacity_factor: float = 1.2,
     all_pairs: bool = False,
     placement=None,
+    every: int = 1,
+    check: bool = True,
 ) -> Simulation:
     """Set up a run: allocate the neighbour list and compute the step-0 forces.
 
@@ -329,6 +361,8 @@ def make_simulation(
       capacity_factor: head-room when sizing / regrowing.
       all_pairs: all-pairs candidates instead of a cell list.
       placement: optional ``tree -> tree`` applied to every array set (sharding).
+      every, check: LAMMPS's ``neigh_modify every N check yes|no`` (``step.Provider``);
+        the default, 1 and True, is the exact policy.
 
     Returns:
       A ``Simulation`` at step ``step`` with forces, energy and virial computed.
@@ -347,6 +381,7 @@ def make_simulation(
         space, position, valid, cutoff=float(pot.cutoff), skin=skin,
         capacity_factor=capacity_factor, max_neighbors=max_neighbors,
         column_capacity=column_capacity, all_pairs=all_pairs,
+        block=None if placement is None else n,  # sharded: one pass, as ``row_block``
     )  # fmt: skip
     zero = jnp.zeros((), dtype)
     state = MDState(
@@ -356,7 +391,12 @@ def make_simulation(
     params = make_params(dt, kt, gamma, dtype=dtype)
     if placement is not None:
         state, nbrs, space, pot, params = placement((state, nbrs, space, pot, params))
-    sim = Simulation(ensemble, space, pot, params, spec, state, nbrs, capacity_factor, placement)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an integer >= 1 (steps), got {every!r}")
+    if not isinstance(check, bool):
+        raise ValueError(f"check must be True or False, got {check!r}")
+    sim = Simulation(ensemble, space, pot, params, spec, state, nbrs, capacity_factor, placement,
+                     every=every, check=check)  # fmt: skip
     sim.nbrs = sim._repair(nbrs)
     sim.state = jax.jit(compute_forces, static_argnums=0)(sim.spec, space, pot, state, sim.nbrs)
     return sim

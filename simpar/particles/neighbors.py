@@ -38,6 +38,10 @@ from simpar.particles import error_codes
 from simpar.particles.space import Space, displacement
 
 _BIG = np.iinfo(np.int32).max  # sort key of the sentinel entries
+# particles per pass of the build on CPU (``allocate``): in.lj (32,000 atoms, float64, one
+# pinned core) builds in 0.25 s at 256 against 0.29 s at 4,096 (best of 5, three interleaved
+# pairs), with smaller temporaries; the list is the same
+BUILD_BLOCK_CPU = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,7 +399,7 @@ def allocate(
     max_neighbors: int | None = None,
     column_capacity: int | None = None,
     all_pairs: bool = False,
-    block: int = 4096,
+    block: int | None = None,
 ) -> tuple[NeighborSpec, NeighborList]:
     """Size and build a neighbour list for positions ``r`` (host side, not jittable).
 
@@ -409,11 +413,14 @@ def allocate(
       max_neighbors, column_capacity: fixed capacities (skip measuring; may overflow,
         which the caller must then detect and repair).
       all_pairs: use all particles as candidates (small systems, tests).
-      block: particles processed at once while building.
+      block: particles processed at once while building; None: ``BUILD_BLOCK_CPU`` on CPU,
+        4,096 on accelerators (which want wide passes). The list does not depend on it.
 
     Returns:
       (spec, nbrs): the static layout and a list built for ``r``.
     """
+    if block is None:
+        block = BUILD_BLOCK_CPU if jax.default_backend() == "cpu" else 4096
     r = jnp.asarray(r)
     n = r.shape[0]
     valid = jnp.ones(n, bool) if valid is None else jnp.asarray(valid, bool)

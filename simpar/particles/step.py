@@ -49,6 +49,16 @@ class Provider(NamedTuple):
       refresh: ``(state, nbrs, init) -> (state, nbrs)`` between builds (ghost positions).
       others: ``(state, nbrs) -> float[K, 3]`` positions that ``nbrs.idx`` indexes, or None
         for the state's own positions.
+      block: rows per pass of the force kernel (``forces.pair_forces``; static): -1 the
+        backend's default, None one pass (``sharded``: a row-blocked ``lax.map`` would make
+        XLA gather the neighbour lists and all-reduce the force blocks across devices).
+      every, check: the neighbour policy (static), LAMMPS's ``neigh_modify every N check
+        yes|no``: a rebuild is considered only after steps whose number is a multiple of
+        ``every``; with ``check`` it happens only when an atom moved more than skin/2 since
+        the last build (the default, ``every`` 1 and ``check``, is the exact policy: no pair
+        is ever missed); without it, always. With ``every`` > 1 an atom may cross more than
+        skin/2 between two checks and pairs entering the cutoff may be missed (LAMMPS's
+        "dangerous builds"): in.lj ships ``every 20 check no``.
     """
 
     skin: float
@@ -60,6 +70,9 @@ class Provider(NamedTuple):
     rebuild: Callable
     refresh: Callable
     others: Callable
+    block: int | None = -1
+    every: int = 1
+    check: bool = True
 
 
 def md_step(ensemble: str, space, pot, params, prov: Provider, state, nbrs, init=None):
@@ -102,14 +115,20 @@ def md_step(ensemble: str, space, pot, params, prov: Provider, state, nbrs, init
     # each engine's program, and one ulp at the threshold flips the rebuild decision
     d2 = dr[:, 0] * dr[:, 0] + dr[:, 1] * dr[:, 1] + dr[:, 2] * dr[:, 2]
     d2 = jnp.where(valid, d2, 0.0)
-    rebuild = prov.reduce_max(jnp.max(d2)) > jnp.asarray((0.5 * prov.skin) ** 2, r.dtype)
+    if prov.check:
+        rebuild = prov.reduce_max(jnp.max(d2)) > jnp.asarray((0.5 * prov.skin) ** 2, r.dtype)
+    else:
+        rebuild = jnp.asarray(True)
+    if prov.every > 1:
+        rebuild = rebuild & ((state.step + 1) % prov.every == 0)
     flag = False if init is None else init
     if init is not None:
         rebuild = rebuild | init
     moved = state._replace(position=r, velocity=v)
     s, nbrs = jax.lax.cond(rebuild, prov.rebuild, prov.refresh, moved, nbrs, flag)
     valid = prov.valid(s)
-    f = pair_forces(pot, space, s.position, nbrs.idx, energy=False, others=prov.others(s, nbrs))
+    f = pair_forces(pot, space, s.position, nbrs.idx, energy=False, others=prov.others(s, nbrs),
+                    block=prov.block)  # fmt: skip
     f = jnp.where(valid[:, None], f, 0.0)
     v = integrate.kick(s.velocity, f, s.mass, params.dt)
     if init is not None:

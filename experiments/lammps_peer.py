@@ -1,0 +1,97 @@
+"""LAMMPS as the peer of ``bench_md.py --vs-lammps``: its ``bench/in.lj`` run on one pinned core.
+
+``in_lj`` writes LAMMPS's ``bench/in.lj`` (32,000 atoms, fcc 0.8442, T 1.44 seed 87287, LJ
+cutoff 2.5, skin 0.3, NVE, 100 steps) with the neighbour policy chosen: as shipped
+``neigh_modify delay 0 every 20 check no``, or ``every 1 check yes`` (the exact skin/2 check,
+simpar's default). ``run_lammps`` runs it with the CPU affinity given (set before ``exec``, so
+every thread of the process inherits it) and reads the loop time and the neighbour-list builds
+from its log.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+IN_LJ = """# LAMMPS bench/in.lj: 3d Lennard-Jones melt
+variable x index 1
+variable y index 1
+variable z index 1
+variable xx equal {cells}*$x
+variable yy equal {cells}*$y
+variable zz equal {cells}*$z
+units lj
+atom_style atomic
+lattice fcc 0.8442
+region box block 0 ${{xx}} 0 ${{yy}} 0 ${{zz}}
+create_box 1 box
+create_atoms 1 box
+mass 1 1.0
+velocity all create 1.44 87287 loop geom
+pair_style lj/cut 2.5
+pair_coeff 1 1 1.0 1.0 2.5
+neighbor 0.3 bin
+neigh_modify delay 0 every {every} check {check}
+fix 1 all nve
+run {steps}
+"""
+
+
+def find_lmp() -> str | None:
+    """The LAMMPS binary on PATH (``lmp``, Debian's name, or ``lmp_serial``), or None."""
+    for name in ("lmp", "lmp_serial"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def in_lj(cells: int = 20, every: int = 20, check: bool = False, steps: int = 100) -> str:
+    """The input script: ``bench/in.lj`` with ``cells`` fcc cells per edge (4 cells^3 atoms)
+    and the policy ``neigh_modify delay 0 every <every> check <yes|no>``."""
+    return IN_LJ.format(cells=cells, every=every, check="yes" if check else "no", steps=steps)
+
+
+def run_lammps(lmp: str, script: str, cpus: set[int] | None) -> dict:
+    """Run one LAMMPS job (1 process, 1 OpenMP thread) and parse its log.
+
+    Args:
+      lmp: the binary.
+      script: the input text (``in_lj``).
+      cpus: CPU cores to pin the process to (``os.sched_setaffinity``), or None.
+
+    Returns:
+      ``{"loop_s": float seconds of the run loop, "atoms": int, "steps": int,
+      "atom_steps_per_s": float, "neighbor_builds": int, "dangerous_builds": int | None,
+      "affinity": list[int]}``.
+
+    Raises:
+      RuntimeError: LAMMPS failed or its log lacks the loop line.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, log = os.path.join(tmp, "in.lj"), os.path.join(tmp, "log.lammps")
+        with open(inp, "w") as f:
+            f.write(script)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        res = subprocess.run([lmp, "-in", inp, "-log", log, "-screen", "none"], cwd=tmp,
+                             env=env, preexec_fn=pin, capture_output=True, text=True)  # fmt: skip
+        text = open(log).read() if os.path.exists(log) else ""
+    m = re.search(r"Loop time of ([\d.eE+-]+) on \d+ procs for (\d+) steps with (\d+) atoms", text)
+    if res.returncode or not m:
+        raise RuntimeError(f"LAMMPS failed (exit {res.returncode}): {res.stderr[-500:]}")
+    loop, steps, atoms = float(m.group(1)), int(m.group(2)), int(m.group(3))
+    builds = re.search(r"Neighbor list builds = (\d+)", text)
+    dangerous = re.search(r"Dangerous builds = (\d+)", text)
+    return {
+        "loop_s": loop,
+        "atoms": atoms,
+        "steps": steps,
+        "atom_steps_per_s": atoms * steps / loop,
+        "neighbor_builds": int(builds.group(1)) if builds else None,
+        "dangerous_builds": int(dangerous.group(1)) if dangerous else None,
+        "affinity": sorted(cpus) if cpus else sorted(os.sched_getaffinity(0)),
+    }

@@ -1,0 +1,190 @@
+"""The MD speed paths: what the compiled ``sharded`` LJ chunk moves, and the compilation cache
+of command-line runs (``simpar.cli.compile_cache_dir``).
+
+The ``sharded`` chunk (``md.run_chunk`` on particle arrays split over 8 CPU devices, see
+conftest.py) is read from its compiled HLO after SPMD partitioning
+(``simpar.parallel.hlo``). Each device needs every position once per step (the all-gather of
+float[N, 3]); anything beyond twice that is the partitioner moving neighbour lists or force
+blocks (issue 17 item 9: the row-blocked CPU kernel under ``lax.map`` made it 6.2 MB per
+device and step at 4,000 atoms, against 96 KB).
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from simpar.parallel.hlo import collectives
+from simpar.parallel.particles import shard_particles
+from simpar.particles import lattice, md, potentials, space
+
+
+def _sharded_sim(cells: int, n_dev: int):
+    r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, jnp.float64)
+    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(1), r.shape[0], 1.44, dtype=jnp.float64)
+    spc = space.periodic(box, jnp.float64)
+    pot = potentials.lennard_jones(cutoff=2.5, dtype=jnp.float64)
+    n = r.shape[0]
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3,
+                             placement=lambda t: shard_particles(t, n_dev, n))  # fmt: skip
+    return sim, n
+
+
+def test_sharded_chunk_moves_at_most_twice_all_positions():
+    """4,000 atoms (more than the CPU kernel's 1,024-row block) on 8 devices: the collectives
+    of the time step (the while loop's body, the rebuild conditional inside it) and of the
+    chunk's end move at most twice all positions per device, and no int32 neighbour list."""
+    assert len(jax.devices()) == 8
+    sim, n = _sharded_sim(10, 8)
+    assert n == 4000
+    block = md.row_block(sim.state.position)
+    assert block is None
+    txt = (
+        md.run_chunk.lower(
+            "nve",
+            sim.spec,
+            sim.space,
+            sim.pot,
+            sim.params,
+            sim.state,
+            sim.nbrs,
+            jnp.int32(10),
+            block=block,
+        )  # fmt: skip
+        .compile()
+        .as_text()
+    )
+    found = collectives(txt)
+    positions = n * 3 * 8  # bytes of all positions (float64)
+    # per computation: the loop body runs once per step; the rebuild branch once per build
+    per_comp: dict[str, int] = {}
+    for c in found:
+        per_comp[c.computation] = per_comp.get(c.computation, 0) + c.nbytes
+    for comp, nbytes in per_comp.items():
+        assert nbytes <= 2 * positions, (comp, nbytes, positions, found)
+    assert not any(dt == "s32" and len(dims) == 2 for c in found for dt, dims in c.shapes)
+    # what the blocked kernel moved: int32 neighbour blocks and force blocks
+    blocked = (
+        md.run_chunk.lower(
+            "nve",
+            sim.spec,
+            sim.space,
+            sim.pot,
+            sim.params,
+            sim.state,
+            sim.nbrs,
+            jnp.int32(10),
+            block=-1,
+        )  # fmt: skip
+        .compile()
+        .as_text()
+    )
+    assert sum(c.nbytes for c in collectives(blocked)) > sum(per_comp.values())
+
+
+def test_row_block_of_unsharded_state_is_the_default():
+    assert md.row_block(jnp.zeros((4, 3))) == -1
+    assert md.row_block(np.zeros((4, 3))) == -1
+
+
+@pytest.mark.parametrize("block", [None, -1])
+def test_sharded_forces_equal_single_bitwise(block):
+    """The one-pass kernel of ``sharded`` and the blocked one of ``single`` give the same
+    forces bit for bit (FMA off, conftest.py) after a chunk of 20 steps on 4 devices."""
+    sim, n = _sharded_sim(7, 4)  # 1,372 atoms: two 1,024-row blocks on one device
+    r, box = lattice.cubic_lattice("fcc", 0.8442, (7,) * 3, jnp.float64)
+    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(1), r.shape[0], 1.44, dtype=jnp.float64)
+    one = md.make_simulation(space.periodic(box, jnp.float64),
+                             potentials.lennard_jones(cutoff=2.5, dtype=jnp.float64), r, v,
+                             dt=0.005, skin=0.3)  # fmt: skip
+    one.advance(20)
+    s, nb = md.run_chunk("nve", sim.spec, sim.space, sim.pot, sim.params, sim.state, sim.nbrs,
+                         jnp.int32(20), block=block)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(s.position), np.asarray(one.state.position))
+    np.testing.assert_array_equal(np.asarray(s.force), np.asarray(one.state.force))
+    assert int(nb.n_builds) == one.builds
+
+
+def test_compile_cache_dir_policy(tmp_path):
+    """Where ``simpar run`` keeps compiled programs, and the two ways to turn it off."""
+    from simpar.cli import compile_cache_dir
+
+    home = {"HOME": str(tmp_path)}
+    assert compile_cache_dir(environ=home) == os.path.join(str(tmp_path), ".cache", "simpar", "jax")
+    xdg = {**home, "XDG_CACHE_HOME": str(tmp_path / "x")}
+    assert compile_cache_dir(environ=xdg) == str(tmp_path / "x" / "simpar" / "jax")
+    own = {**xdg, "SIMPAR_COMPILE_CACHE_DIR": str(tmp_path / "c")}
+    assert compile_cache_dir(environ=own) == str(tmp_path / "c")
+    assert compile_cache_dir(True, environ=own) is None
+    assert compile_cache_dir(environ={**own, "SIMPAR_NO_COMPILE_CACHE": "1"}) is None
+    assert compile_cache_dir(environ={**own, "SIMPAR_NO_COMPILE_CACHE": "0"}) == str(tmp_path / "c")
+
+
+def _cli(tmp_path, env, *extra):
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(
+        'name = "t"\n[model]\nname = "lj"\n'
+        '[system]\nlattice = "fcc"\ndensity = 0.8442\ncells = [4, 4, 4]\ntemperature = 1.44\n'
+        'seed = 1\ndtype = "float64"\n[time]\ndt = 0.005\nsteps = 4\n'
+        f'[output]\nevery = 2\npath = "{tmp_path / "o.h5md"}"\n'
+    )
+    cmd = [sys.executable, "-m", "simpar", "run", str(cfg), "--overwrite", "--quiet", *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_run_fills_the_compile_cache_unless_told_not_to(tmp_path):
+    """A command-line run writes compiled programs under ``$XDG_CACHE_HOME/simpar/jax``;
+    ``--no-compile-cache`` and ``SIMPAR_NO_COMPILE_CACHE=1`` write nothing."""
+    env = {k: v for k, v in os.environ.items() if k != "SIMPAR_NO_COMPILE_CACHE"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    env.pop("SIMPAR_COMPILE_CACHE_DIR", None)
+    cache = tmp_path / "xdg" / "simpar" / "jax"
+    res = _cli(tmp_path, env, "--no-compile-cache")
+    assert res.returncode == 0, res.stderr
+    assert not cache.exists()
+    res = _cli(tmp_path, {**env, "SIMPAR_NO_COMPILE_CACHE": "1"})
+    assert res.returncode == 0, res.stderr
+    assert not cache.exists()
+    res = _cli(tmp_path, env)
+    assert res.returncode == 0, res.stderr
+    assert cache.is_dir() and any(cache.iterdir())
+
+
+def _melt(**kw):
+    r, box = lattice.cubic_lattice("fcc", 0.8442, (5,) * 3, jnp.float64)
+    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(3), r.shape[0], 3.0, dtype=jnp.float64)
+    pot = potentials.lennard_jones(cutoff=2.5, dtype=jnp.float64)
+    return md.make_simulation(space.periodic(box, jnp.float64), pot, r, v, dt=0.005, **kw)
+
+
+def test_neighbor_policy_every_check():
+    """LAMMPS's ``every N check no`` rebuilds exactly after steps N, 2N, ...; ``every N check
+    yes`` only there and only when needed; the defaults are the exact policy."""
+    exact = _melt(skin=0.3)
+    b0 = exact.builds
+    exact.advance(40)
+    n_exact = exact.builds - b0
+    assert n_exact >= 3  # a melting lattice at T = 3: the policies differ
+    ruled = _melt(skin=0.3, every=20, check=False)
+    ruled.advance(13)
+    assert ruled.builds == b0  # no rebuild before step 20
+    ruled.advance(27)
+    assert ruled.builds - b0 == 2  # after steps 20 and 40
+    lazy = _melt(skin=0.3, every=10, check=True)
+    lazy.advance(40)
+    assert 1 <= lazy.builds - b0 <= min(4, n_exact)
+    same = _melt(skin=0.3, every=1, check=True)
+    same.advance(40)
+    np.testing.assert_array_equal(np.asarray(same.state.position),
+                                  np.asarray(exact.state.position))  # fmt: skip
+    always = _melt(skin=0.3, every=1, check=False)
+    always.advance(5)
+    assert always.builds - b0 == 5
+    for bad in ({"every": 0}, {"every": 2.5}, {"check": "no"}):
+        with pytest.raises(ValueError, match="every|check"):
+            _melt(skin=0.3, **bad)
