@@ -161,7 +161,12 @@ def gradient_memory(engine, params, u0, steps=2000, chunk=50, run=True):
     return out
 
 
-ENGINES = ("single", "pmap", "shard_map", "sharded")
+ENGINES = (
+    "single",
+    "pmap",
+    "shard_map",
+    "sharded",
+)  # simpar.parallel.blocks.ENGINES (JAX not imported yet)
 MAX_DEVICES = 4096
 
 

@@ -74,9 +74,10 @@ from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.io import h5md
 from simpar.memory import check_fits
+from simpar.parallel import blocks
 from simpar.particles import lattice, md, potentials
 
-DOMAIN_ENGINES = ("pmap", "shard_map")  # spatial decomposition (simpar.particles.decomposed_sim)
+DOMAIN_ENGINES = blocks.PER_BLOCK  # spatial decomposition (simpar.particles.decomposed_sim)
 
 
 def read_config(root: Section) -> dict:

@@ -32,6 +32,9 @@ from jax.sharding import PartitionSpec as P
 from simpar.errors import ConfigError
 
 ENGINES = ("single", "pmap", "shard_map", "sharded")
+PER_BLOCK = ("pmap", "shard_map")
+"""The engines that run a per-block program with explicit collectives (the others run the
+global view: one device, or XLA partitioning a jit-compiled step)."""
 
 
 def check_engine(name: str, key: str = "--engine", allowed: Sequence[str] = ENGINES) -> str:

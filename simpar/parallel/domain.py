@@ -22,7 +22,7 @@ from simpar.parallel.capacity import check_mesh, min_sub_box
 from simpar.parallel.halo import LocalComm, PmapComm, ShardMapComm
 from simpar.parallel.topology import DeviceGrid
 
-ENGINES = ("local", "pmap", "shard_map")
+ENGINES = ("local", *blocks.PER_BLOCK)  # "local": one device through LocalComm (tests, benches)
 __all__ = ["ENGINES", "check_mesh", "min_sub_box"]
 
 

@@ -391,7 +391,7 @@ def make_ops(engine: str, shape: Sequence[int], mesh: Sequence[int] = (1,), real
     if engine == "single":
         mesh = (1,)
     plan = make_plan(shape, mesh, real)
-    if engine in ("pmap", "shard_map"):
+    if engine in blocks.PER_BLOCK:
         return plan, block_ops(plan, engine)
     if engine == "sharded":
         return plan, global_ops(plan, device_mesh(plan.mesh))

@@ -96,7 +96,7 @@ class PMEngine:
         self.mesh = self._se.mesh
         self.box = tuple(float(b) for b in box)
         self.n_dev = math.prod(self.plan.mesh)
-        self.decomposed = engine in ("pmap", "shard_map")
+        self.decomposed = engine in blocks.PER_BLOCK
         self.comm = self._se.comm if self.decomposed else LocalComm(3)
         for key, v in (("pm.capacity", capacity), ("pm.migrate", migrate)):
             if v is not None and int(v) < 1:

@@ -111,7 +111,7 @@ class SpectralEngine:
             raise ConfigError(key, err.message) from None
         self.devices = list(jax.devices())[:n]
         self.mesh = None
-        if engine in ("pmap", "shard_map"):
+        if engine in blocks.PER_BLOCK:
             self.ops = fft.block_ops(plan, engine)
             self.comm = fft.grid_comm(plan, engine)
             if engine == "shard_map":
