@@ -167,10 +167,21 @@ def compare_files(old: str, new: str) -> list[str]:
 
 
 def _run(tree: str, config: str, args: list[str], out: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(tree).resolve()))
-    cmd = [sys.executable, "-m", "simpar", "run", config, "--out", out, "--quiet", *args]
+    tree = str(pathlib.Path(tree).resolve())
+    env = dict(os.environ, PYTHONPATH=tree)
+    # ``python -m`` puts the working directory first on sys.path: run from a folder without a
+    # ``simpar`` package, so that PYTHONPATH picks the checkout; the run prints which one.
+    probe = "import simpar, sys; sys.stderr.write('SIMPAR ' + simpar.__file__ + chr(10)); "
+    probe += "from simpar.cli import run_main; sys.argv[0] = 'simpar'; run_main()"
+    cmd = [sys.executable, "-c", probe, "run", str(pathlib.Path(config).resolve())]
+    cmd += ["--out", out, "--quiet", *args]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=900, cwd=os.path.dirname(out)
+    )
+    used = proc.stderr.split("SIMPAR ", 1)[-1].split("\n", 1)[0]
+    if not used.startswith(tree + os.sep):
+        raise RuntimeError(f"run imported simpar from {used!r}, not from {tree!r}")
     return {
         "rc": proc.returncode,
         "seconds": round(time.perf_counter() - t0, 1),
