@@ -4,7 +4,8 @@ What it shows: that a restructuring left every experiment's output file with the
 (datasets, shapes, dtypes, attributes) and the same values, bitwise. For each experiment TOML
 present in both checkouts it runs ``python -m simpar run`` once with each checkout on
 ``PYTHONPATH`` (few steps, same engine), then walks both HDF5 files (netCDF4 and H5MD are
-HDF5) and prints one JSON object: per run, the differences found (an empty list = identical).
+HDF5), and their restart checkpoints, and prints one JSON object: per run, the differences
+found (an empty list = identical).
 
 Attributes that carry versions, paths, host names or timestamps are skipped (``IGNORED_ATTRS``);
 dimension-scale references are compared by the names they point to. The XDMF sidecar is
@@ -38,8 +39,7 @@ import numpy as np
 
 # Attribute names whose values legitimately differ between two runs or two code versions.
 IGNORED_ATTRS = re.compile(
-    r"(version|_NCProperties|created|date|time_stamp|timestamp|host|path|config_file|"
-    r"wall|elapsed|git|commit|python|jax|command|argv|pid|started|finished)",
+    r"^(_NCProperties|.*_version|jax_backend|author|created|.*timestamp|.*wall.*|.*_path)$",
     re.IGNORECASE,
 )
 
@@ -238,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             entry["diffs"] = ["a run failed"]
         else:
             entry["diffs"] = compare_files(files["old"], files["new"])
+            ckpts = [files[tag] + ".ckpt" for tag in ("old", "new")]
+            if all(os.path.isfile(c) for c in ckpts):  # the restart files too
+                entry["diffs"] += [f"checkpoint {d}" for d in compare_files(*ckpts)]
+            elif any(os.path.isfile(c) for c in ckpts):
+                entry["diffs"].append("checkpoint: written by only one of the runs")
         failed |= bool(entry["diffs"])
         report[name] = entry
         print(json.dumps({name: entry}), file=sys.stderr, flush=True)
