@@ -12,9 +12,10 @@ writer was designed; tests/test_io_netcdf.py checks xarray and the HDF5-level re
     /time   f8[T]  unlimited (maxshape None), NaN fill + _FillValue, axis="T"
     /z /y /x f8[n] cell-centre coordinates, dimension scales, NO axis attribute
     /step   i8[T]  time-step index of each frame
-    /<var>  [T, *dims] any subset of the spatial dims in C order (slowest first), e.g.
-            rho(time, y, x), u_mean_x(time, y), energy(time); chunks (1, ...),
-            gzip(4)+shuffle for variables with spatial dims
+    /k      [n_k]  optional non-spatial dims (``extra_dims``), simpar_dimension="non-spatial"
+    /<var>  [T, *dims] [ensemble,] [extra dims,] any subset of the spatial dims in C order
+            (slowest first), e.g. rho(time, y, x), u_mean_x(time, y), spectrum(time, k);
+            chunks (1, ...), gzip(4)+shuffle for variables with spatial dims
     global attributes: Conventions="CF-1.8", run_status, the run metadata.
 
 - The file is created exclusively (or, with ``overwrite``, built beside the old one and
