@@ -459,3 +459,23 @@ def test_extra_dims(tmp_path):
     for i, (ex, var, match) in enumerate(bad):
         with pytest.raises(ValueError, match=match):
             GridWriter(tmp_path / f"bad{i}.nc", coords=coords, variables=var, extra_dims=ex)
+
+
+def test_reopen_keeps_an_unmarked_dimension_added_after_step_off_the_mesh(tmp_path):
+    """Files from before ``extra_dims`` (the spectral writer added ``k`` after creation, with
+    no marker) reopen with only the spatial axes."""
+    import h5netcdf
+
+    path = tmp_path / "legacy.nc"
+    coords = {"y": np.arange(3.0), "x": np.arange(4.0)}
+    with GridWriter(path, coords=coords, variables={"rho": {"dims": ("time", "y", "x")}}) as w:
+        nc = h5netcdf.File(w._f, "r+")  # what the former SpectrumWriter did
+        nc.dimensions["k"] = 2
+        nc.create_variable("k", ("k",), "f8", data=np.array([0.0, 1.0]))
+        nc.create_variable("spectrum", ("time", "k"), "f8", chunks=(1, 2), fillvalue=np.nan)
+        nc.close()
+    with GridWriter.open_existing(path) as w:
+        assert list(w.coords) == ["y", "x"] and w.variables["spectrum"] == ("time", "k")
+        w.append(0.0, 0, {"rho": np.ones((3, 4)), "spectrum": np.ones(2)})
+    grid = ET.parse(str(path) + ".xdmf").getroot().find("Domain").find("Grid").find("Grid")
+    assert grid.find("Topology").get("Dimensions") == "1 3 4"

@@ -276,15 +276,17 @@ class GridWriter:
             dims = variable_dims(ds)
             if dims and dims[0] == TIME:
                 self._vars[name] = dims
-        # Spatial axes: the dimension scales other than time, ensemble and the marked
-        # non-spatial ones, in creation order (track_order=True), which is C order.
+        # Spatial axes: the dimension scales other than time and ensemble created before
+        # ``step`` (track_order=True: creation order, which is C order), not marked
+        # non-spatial (files from before ``extra_dims`` added ``k`` after ``step``).
+        names = list(f)
         axes = [
             name
-            for name, ds in f.items()
-            if isinstance(ds, h5py.Dataset)
-            and ds.is_scale
+            for name in names[: names.index(STEP)]
+            if isinstance(f[name], h5py.Dataset)
+            and f[name].is_scale
             and name not in (TIME, ENSEMBLE)
-            and EXTRA_DIM_ATTR not in ds.attrs
+            and EXTRA_DIM_ATTR not in f[name].attrs
         ]
         self.coords: dict[str, np.ndarray] = {a: f[a][...] for a in axes}
         self.n_frames = n_committed(f)
