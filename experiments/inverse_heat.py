@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar.benchmark import ScriptParser, int_in
 from simpar.grid import heat
 from simpar.grid.boundary import Dirichlet, Neumann
 from simpar.grid.domain import Domain
@@ -170,28 +171,6 @@ ENGINES = (
 MAX_DEVICES = 4096
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments exit 2 with one line (no usage block, no traceback)."""
-
-    def error(self, message):
-        print(f"{self.prog}: error: {message} (--help for usage)", file=sys.stderr)
-        sys.exit(2)
-
-
-def _int_in(lo, hi=None):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
-            span = f">= {lo}" if hi is None else f"{lo} .. {hi}"
-            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
-        return value
-
-    return parse
-
-
 def _mesh(text):
     try:
         mesh = tuple(int(m) for m in text.lower().split("x"))
@@ -204,21 +183,21 @@ def _mesh(text):
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line, checked before JAX compiles anything (exit 2 with one line)."""
-    ap = _Parser(prog="inverse_heat.py", description=__doc__.split("\n")[0])
+    ap = ScriptParser(prog="inverse_heat.py", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--engines", nargs="+", choices=ENGINES, default=["shard_map", "pmap", "sharded"]
     )
     ap.add_argument("--mesh", type=_mesh, default=(2, 4), help="device grid, e.g. 2x4")
     ap.add_argument(
         "--devices",
-        type=_int_in(0, MAX_DEVICES),
+        type=int_in(0, MAX_DEVICES),
         default=8,
         help="virtual CPU devices (CPU only; 0: leave JAX's count)",
     )
-    ap.add_argument("--shape", type=_int_in(4, 65536), nargs=2, default=[32, 32])
+    ap.add_argument("--shape", type=int_in(4, 65536), nargs=2, default=[32, 32])
     ap.add_argument("--memory", action="store_true", help="checkpointed long-run gradient")
-    ap.add_argument("--steps", type=_int_in(1), default=2000, help="--memory: steps")
-    ap.add_argument("--chunk", type=_int_in(1), default=50, help="--memory: steps per chunk")
+    ap.add_argument("--steps", type=int_in(1), default=2000, help="--memory: steps")
+    ap.add_argument("--chunk", type=int_in(1), default=50, help="--memory: steps per chunk")
     args = ap.parse_args(argv)
     mesh, shape = args.mesh, args.shape
     engines = args.engines[:1] if args.memory else args.engines

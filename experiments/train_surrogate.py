@@ -43,6 +43,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from simpar.benchmark import ScriptParser, int_in
+
 
 # --------------------------------------------------------------------------------- data
 def simulate(path, shape=(32, 32), frames=60, every=5, seed=0, overwrite=False) -> Path:
@@ -223,42 +225,20 @@ TRAIN_PAIRS = 2 * (FRAMES + 1) // 3  # pairs (u[i], u[i + 1]) with i < split
 MAX_DEVICES = 4096
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments exit 2 with one line (no usage block, no traceback)."""
-
-    def error(self, message):
-        print(f"{self.prog}: error: {message} (--help for usage)", file=sys.stderr)
-        sys.exit(2)
-
-
-def _int_in(lo, hi=None):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
-            span = f">= {lo}" if hi is None else f"{lo} .. {hi}"
-            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
-        return value
-
-    return parse
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line, checked before JAX compiles anything (exit 2 with one line)."""
-    ap = _Parser(prog="train_surrogate.py", description=__doc__.split("\n")[0])
+    ap = ScriptParser(prog="train_surrogate.py", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--devices",
-        type=_int_in(1, MAX_DEVICES),
+        type=int_in(1, MAX_DEVICES),
         default=8,
         help="virtual CPU devices (CPU backend only)",
     )
     ap.add_argument("--version", choices=("sharded", "pmap", "one"), default="sharded")
-    ap.add_argument("--steps", type=_int_in(1), default=600, help="training steps (>= 1)")
+    ap.add_argument("--steps", type=int_in(1), default=600, help="training steps (>= 1)")
     ap.add_argument(
         "--batch",
-        type=_int_in(1, TRAIN_PAIRS),
+        type=int_in(1, TRAIN_PAIRS),
         default=16,
         help=f"global batch (1 .. {TRAIN_PAIRS} training pairs; a multiple of "
         "--devices for pmap and sharded)",

@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmark scripts in ``experiments/`` (timing, memory bandwidth).
+"""Shared pieces of the scripts in ``experiments/`` (timing, memory bandwidth, argument parsing).
 
 Benchmarks compare ratios measured in one run (engine vs ``single``, simpar vs NumPy, rate vs
 the memory-bandwidth roofline); absolute times drift on shared machines.
@@ -6,8 +6,40 @@ the memory-bandwidth roofline); absolute times drift on shared machines.
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 from collections.abc import Callable
+
+
+class ScriptParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose bad arguments exit 2 with one line (no usage block, no
+    traceback), as the ``simpar`` command does."""
+
+    def error(self, message):
+        """Print ``PROG: error: MESSAGE (--help for usage)`` to stderr and exit 2."""
+        print(f"{self.prog}: error: {message} (--help for usage)", file=sys.stderr)
+        sys.exit(2)
+
+
+def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``lo .. hi`` (``hi`` None: no upper bound).
+
+    Raises (from the returned parser):
+      argparse.ArgumentTypeError: not an integer, or out of range (the message says which).
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            span = f">= {lo}" if hi is None else f"{lo} .. {hi}"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        return value
+
+    return parse
 
 
 def best_time(fn: Callable[[], object], repeats: int = 3, warmup: bool = True) -> float:

@@ -417,3 +417,65 @@ def test_plot_rejects_other_files(tmp_path):
     ).close()
     with pytest.raises(ConfigError, match="no complete frame"):
         plot_file(empty)
+
+
+def test_extra_dims(tmp_path):
+    """A non-spatial dimension (``k``) opens in xarray as a coordinate, stays out of the XDMF
+    mesh on create and after a reopen, and bad specs are refused."""
+    path = tmp_path / "spec.nc"
+    y, x = np.arange(3.0), np.arange(4.0)
+    k = np.array([0.0, 1.5, 3.0])
+    extra = {"k": {"data": k, "units": "m-1", "long_name": "wavenumber"}}
+    variables = {
+        "rho": {"dims": ("time", "y", "x")},
+        "spectrum": {"dims": ("time", "k"), "dtype": "float64", "units": "m3 s-2"},
+        "spec_y": {"dims": ("time", "k", "y")},
+    }
+    with GridWriter(path, coords={"y": y, "x": x}, variables=variables, extra_dims=extra) as w:
+        assert list(w.coords) == ["y", "x"]
+        w.append(0.0, 0, {"rho": np.ones((3, 4)), "spectrum": k, "spec_y": np.ones((3, 3))})
+    with GridWriter.open_existing(path) as w:
+        assert list(w.coords) == ["y", "x"] and w.variables["spectrum"] == ("time", "k")
+        w.append(1.0, 1, {"rho": np.ones((3, 4)), "spectrum": 2 * k, "spec_y": np.ones((3, 3))})
+        w.set_status("complete")
+    with xr.open_dataset(path, engine="h5netcdf") as ds:
+        assert ds.spectrum.dims == ("time", "k") and ds.spec_y.dims == ("time", "k", "y")
+        np.testing.assert_array_equal(ds.k.values, k)
+        assert ds.k.attrs["units"] == "m-1" and ds.k.attrs["long_name"] == "wavenumber"
+        np.testing.assert_array_equal(ds.spectrum.values, [k, 2 * k])
+    with h5py.File(path, "r") as f:
+        assert f["spectrum"].compression is None and f["rho"].compression == "gzip"
+    grids = ET.parse(str(path) + ".xdmf").getroot().find("Domain").find("Grid").findall("Grid")
+    assert len(grids) == 2
+    for g in grids:
+        assert {a.get("Name") for a in g.findall("Attribute")} == {"rho"}
+        assert g.find("Topology").get("Dimensions") == "1 3 4"
+    coords = {"y": y, "x": x}
+    bad = [
+        ({"x": {"data": k}}, variables, "reserved or taken"),
+        ({"k": {"data": np.zeros((2, 2))}}, variables, "1-D numbers"),
+        (extra, {"s": {"dims": ("time", "y", "k")}}, "'time', then any of"),
+    ]
+    for i, (ex, var, match) in enumerate(bad):
+        with pytest.raises(ValueError, match=match):
+            GridWriter(tmp_path / f"bad{i}.nc", coords=coords, variables=var, extra_dims=ex)
+
+
+def test_reopen_keeps_an_unmarked_dimension_added_after_step_off_the_mesh(tmp_path):
+    """Files from before ``extra_dims`` (the spectral writer added ``k`` after creation, with
+    no marker) reopen with only the spatial axes."""
+    import h5netcdf
+
+    path = tmp_path / "legacy.nc"
+    coords = {"y": np.arange(3.0), "x": np.arange(4.0)}
+    with GridWriter(path, coords=coords, variables={"rho": {"dims": ("time", "y", "x")}}) as w:
+        nc = h5netcdf.File(w._f, "r+")  # what the former SpectrumWriter did
+        nc.dimensions["k"] = 2
+        nc.create_variable("k", ("k",), "f8", data=np.array([0.0, 1.0]))
+        nc.create_variable("spectrum", ("time", "k"), "f8", chunks=(1, 2), fillvalue=np.nan)
+        nc.close()
+    with GridWriter.open_existing(path) as w:
+        assert list(w.coords) == ["y", "x"] and w.variables["spectrum"] == ("time", "k")
+        w.append(0.0, 0, {"rho": np.ones((3, 4)), "spectrum": np.ones(2)})
+    grid = ET.parse(str(path) + ".xdmf").getroot().find("Domain").find("Grid").find("Grid")
+    assert grid.find("Topology").get("Dimensions") == "1 3 4"

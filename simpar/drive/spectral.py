@@ -373,7 +373,7 @@ class SpectralRun(Run):
         from simpar.io.meta import run_metadata
 
         if resume_step is not None:
-            return SpectrumWriter.open_existing(path, step=resume_step, xdmf_min_interval=2.0)
+            return GridWriter.open_existing(path, step=resume_step, xdmf_min_interval=2.0)
         p, obs = self.plan, self.obs0
         axes = ("x", "y", "z")[: len(p.shape)]
         step_coord = {"coordinates": "step"}
@@ -415,9 +415,14 @@ class SpectralRun(Run):
         coords = dict(reversed(coords.items()))  # (z,) y, x
         k = np.arange(p.form.module.n_shells(self.eng.ops)) * (2 * math.pi / max(p.length))
         units, long_name = _UNITS["spectrum"]
-        return SpectrumWriter.create(
-            path, k=k, spectrum={"units": units, "long_name": long_name, "attrs": step_coord},
-            coords=coords, variables=variables, attrs=attrs, overwrite=overwrite,
+        variables["spectrum"] = {
+            "dims": ("time", "k"), "dtype": "float64", "units": units, "long_name": long_name,
+            "attrs": step_coord,
+        }  # fmt: skip
+        extra = {"k": {"data": k, "units": "m-1", "long_name": "wavenumber shell centre |k|"}}
+        return GridWriter(
+            path, coords=coords, variables=variables, extra_dims=extra, attrs=attrs,
+            overwrite=overwrite,
             xdmf_min_interval=2.0, time_units="s", length_units="m", key=key,
         )  # fmt: skip
 
@@ -443,58 +448,10 @@ class SpectralRun(Run):
         )
 
 
-class SpectrumWriter(GridWriter):
-    """``GridWriter`` plus the energy spectrum ``spectrum(time, k)`` with a ``k`` coordinate.
-
-    ``GridWriter`` knows only time, ensemble and spatial dimensions; this subclass adds the
-    non-spatial dimension ``k`` after the file is created (through ``h5netcdf`` on the open
-    file, the way ``GridWriter`` lays out its own variables) and keeps ``k`` out of the spatial
-    axes (the XDMF mesh) when a file is reopened for ``--resume``.
-    """
-
-    @classmethod
-    def create(cls, path, *, k: np.ndarray, spectrum: dict, **kwargs) -> SpectrumWriter:
-        """A new file (``GridWriter`` arguments) with ``spectrum(time, k)`` (float64).
-
-        Args:
-          k: shell centres, ``(n_k,)`` float64, 1/m.
-          spectrum: ``units``, ``long_name`` and ``attrs`` of the variable.
-        """
-        import h5netcdf
-
-        from simpar.io import nclayout
-
-        self = cls(path, **kwargs)
-        nc = h5netcdf.File(self._f, "r+")
-        nc.dimensions["k"] = len(k)
-        kv = nc.create_variable("k", ("k",), "f8", data=np.asarray(k, np.float64))
-        kv.attrs["units"] = nclayout.text_attr("m-1")
-        kv.attrs["long_name"] = nclayout.text_attr("wavenumber shell centre |k|")
-        v = nc.create_variable(
-            "spectrum", ("time", "k"), "f8", chunks=(1, len(k)), fillvalue=np.nan
-        )
-        v.attrs["units"] = nclayout.text_attr(spectrum["units"])
-        v.attrs["long_name"] = nclayout.text_attr(spectrum["long_name"])
-        nclayout.set_attrs(v, spectrum.get("attrs", {}))
-        nc.close()
-        self._f.flush()
-        self._vars["spectrum"] = ("time", "k")
-        return self
-
-    def _setup(self, f, *, xdmf: bool, xdmf_min_interval: float) -> None:
-        super()._setup(f, xdmf=xdmf, xdmf_min_interval=xdmf_min_interval)
-        if "k" in self.coords:  # a reopened file: k is a dimension scale, not a mesh axis
-            del self.coords["k"]
-            if self._sidecar is not None:
-                t = f["time"][: self.n_frames]
-                s = f["step"][: self.n_frames]
-                self._sidecar.frames = [self._xdmf_grid(i, t[i], s[i]) for i in range(len(t))]
-
-
 def plan(cfg: Section, opts: Options, config_text: str) -> SpectralPlan:
     """Read and validate a ``spectral_ns`` config (``ConfigError`` names the key); nothing
     allocated on the devices."""
     return SpectralPlan(cfg, opts, config_text)
 
 
-__all__ = ["CFL_LIMIT", "SpectralPlan", "SpectralRun", "SpectrumWriter", "plan"]
+__all__ = ["CFL_LIMIT", "SpectralPlan", "SpectralRun", "plan"]

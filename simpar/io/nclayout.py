@@ -9,6 +9,7 @@ character set, so that h5netcdf decodes it correctly.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +24,11 @@ __all__ = [
     "STEP",
     "TIME",
     "attr_value",
+    "EXTRA_DIM_ATTR",
+    "EXTRA_DIM_VALUE",
+    "check_extra_dims",
     "check_variables",
+    "chunk_shape",
     "decode_attr",
     "n_committed",
     "open_frames",
@@ -37,6 +42,10 @@ TIME = "time"
 STEP = "step"
 ENSEMBLE = "ensemble"  # optional member dimension, right after time
 RESERVED = (TIME, STEP, ENSEMBLE)
+# Marks the coordinate variable of a non-spatial dimension (``GridWriter(extra_dims=...)``),
+# so that a reopened file keeps it out of the spatial axes (the XDMF mesh).
+EXTRA_DIM_ATTR = "simpar_dimension"
+EXTRA_DIM_VALUE = "non-spatial"
 
 
 def text_attr(value: str) -> np.ndarray | np.bytes_:
@@ -117,8 +126,53 @@ def check_ensemble_coords(
     return out
 
 
+_MAX_CHUNK_BYTES = 64 * 2**20  # split the slowest axes of bigger frames (4 GiB limit)
+
+
+def chunk_shape(spatial_shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """Chunk shape ``(1, *spatial)`` of a ``[T, *spatial]`` variable, with the slowest axes
+    halved while a chunk is over 64 MiB."""
+    chunk = [1, *spatial_shape]
+    axis = 1
+    while math.prod(chunk) * itemsize > _MAX_CHUNK_BYTES and axis < len(chunk):
+        if chunk[axis] > 1:
+            chunk[axis] = (chunk[axis] + 1) // 2
+        else:
+            axis += 1
+    return tuple(chunk)
+
+
+def check_extra_dims(
+    extra: Mapping[str, Mapping[str, Any]] | None, taken: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Validate ``GridWriter``'s ``extra_dims``: non-empty 1-D numbers, names not taken.
+
+    Args:
+      extra: name -> ``{"data": (n,) numbers, "units": str, "long_name": str}``.
+      taken: names already used (spatial axes, ensemble coordinates).
+
+    Returns:
+      Copies of the specs with ``data`` as a NumPy array.
+
+    Raises:
+      ValueError: a reserved or taken name, data not a non-empty 1-D numeric array.
+    """
+    out = {}
+    for name, spec in (extra or {}).items():
+        data = np.asarray(spec["data"])
+        if name in RESERVED or name in taken or "/" in name or not name:
+            raise ValueError(f"extra dimension name {name!r} is reserved or taken")
+        if data.ndim != 1 or data.size < 1 or data.dtype.kind not in "fiu":
+            raise ValueError(f"extra dimension {name!r}: data must be 1-D numbers")
+        out[name] = {**spec, "data": data}
+    return out
+
+
 def check_variables(
-    variables: Mapping[str, Mapping[str, Any]], axes: list[str], ensemble: bool = False
+    variables: Mapping[str, Mapping[str, Any]],
+    axes: list[str],
+    ensemble: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, dict[str, Any]]:
     """Validate :class:`~simpar.io.netcdf.GridWriter` variable specs.
 
@@ -126,6 +180,8 @@ def check_variables(
       variables: name -> spec (``"dims"``, optional ``"dtype"``, see ``GridWriter``).
       axes: the spatial axis names in C order, e.g. ``["y", "x"]``.
       ensemble: whether ``"ensemble"`` may follow ``"time"``.
+      extra: non-spatial dimension names, in order, that may follow ``"time"`` (and
+        ``"ensemble"``), before the spatial dims.
 
     Returns:
       Copies of the specs with ``dims`` as tuples and ``dtype`` a ``np.dtype``.
@@ -143,11 +199,16 @@ def check_variables(
             raise ValueError(f"invalid variable name {name!r}")
         dims = tuple(spec.get("dims", ()))
         spatial = dims[2:] if ensemble and dims[1:2] == (ENSEMBLE,) else dims[1:]
+        lead = 0  # the non-spatial dims come first
+        while lead < len(spatial) and spatial[lead] in extra:
+            lead += 1
+        named, spatial = list(spatial[:lead]), spatial[lead:]
         order = [axes.index(d) for d in spatial if d in axes]
-        if not dims or dims[0] != TIME or len(order) != len(spatial) or order != sorted(set(order)):
+        in_order = order == sorted(set(order)) and named == [d for d in extra if d in named]
+        if not dims or dims[0] != TIME or len(order) != len(spatial) or not in_order:
             raise ValueError(
-                f"variable {name!r}: dims {dims} must be 'time' followed by spatial "
-                f"dims in the order {tuple(axes)} (any subset)"
+                f"variable {name!r}: dims {dims} must be 'time', then any of {extra} in "
+                f"that order, then spatial dims in the order {tuple(axes)} (any subset)"
             )
         dtype = np.dtype(spec.get("dtype", "float32"))
         if dtype.kind not in "fiu":

@@ -12,9 +12,10 @@ writer was designed; tests/test_io_netcdf.py checks xarray and the HDF5-level re
     /time   f8[T]  unlimited (maxshape None), NaN fill + _FillValue, axis="T"
     /z /y /x f8[n] cell-centre coordinates, dimension scales, NO axis attribute
     /step   i8[T]  time-step index of each frame
-    /<var>  [T, *dims] any subset of the spatial dims in C order (slowest first), e.g.
-            rho(time, y, x), u_mean_x(time, y), energy(time); chunks (1, ...),
-            gzip(4)+shuffle for variables with spatial dims
+    /k      [n_k]  optional non-spatial dims (``extra_dims``), simpar_dimension="non-spatial"
+    /<var>  [T, *dims] [ensemble,] [extra dims,] any subset of the spatial dims in C order
+            (slowest first), e.g. rho(time, y, x), u_mean_x(time, y), spectrum(time, k);
+            chunks (1, ...), gzip(4)+shuffle for variables with spatial dims
     global attributes: Conventions="CF-1.8", run_status, the run metadata.
 
 - The file is created exclusively (or, with ``overwrite``, built beside the old one and
@@ -46,7 +47,6 @@ readers (:func:`open_frames`, :func:`read_attrs`, :func:`variable_dims`, re-expo
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,11 +60,15 @@ from simpar.errors import ConfigError
 from simpar.io.files import create_hdf5, ensure_space, raise_dealloc_errors
 from simpar.io.nclayout import (
     ENSEMBLE,
+    EXTRA_DIM_ATTR,
+    EXTRA_DIM_VALUE,
     RESERVED,
     STEP,
     TIME,
     check_ensemble_coords,
+    check_extra_dims,
     check_variables,
+    chunk_shape,
     n_committed,
     open_frames,
     read_attrs,
@@ -77,20 +81,6 @@ from simpar.io.xdmf import Sidecar, frame_grid
 __all__ = ["GridWriter", "open_frames", "read_attrs", "variable_dims"]
 
 _GZIP_LEVEL = 4
-_MAX_CHUNK_BYTES = 64 * 2**20  # split the slowest axes of bigger frames (4 GiB limit)
-
-
-# --------------------------------------------------------------------------- helpers
-def _chunks(spatial_shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    """Chunk shape (1, *spatial) with the slowest axes halved while it is too big."""
-    chunk = [1, *spatial_shape]
-    axis = 1
-    while math.prod(chunk) * itemsize > _MAX_CHUNK_BYTES and axis < len(chunk):
-        if chunk[axis] > 1:
-            chunk[axis] = (chunk[axis] + 1) // 2
-        else:
-            axis += 1
-    return tuple(chunk)
 
 
 # --------------------------------------------------------------------------- writer
@@ -145,6 +135,11 @@ class GridWriter:
         variables on the ``ensemble`` dimension and listed in the CF ``coordinates``
         attribute of every variable that has that dimension, so xarray opens them as
         coordinates (``ds.sel(diffusivity=1.5)``).
+      extra_dims: name -> ``{"data": (n,) numbers, "units": str, "long_name": str}``:
+        non-spatial dimensions with coordinate values (e.g. the wavenumber ``k`` of a
+        spectrum) that variables may name after ``time`` (and ``ensemble``), e.g.
+        ``("time", "k")``; marked ``simpar_dimension = "non-spatial"`` so that they stay
+        out of the XDMF mesh, also after a reopen. Not compressed on their own.
 
     Raises:
       ConfigError: ``path`` exists and ``overwrite`` is false (key ``--out``).
@@ -168,6 +163,7 @@ class GridWriter:
         key: str = "--out",
         ensemble: int | None = None,
         ensemble_coords: Mapping[str, Mapping[str, Any]] | None = None,
+        extra_dims: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
@@ -190,10 +186,12 @@ class GridWriter:
                 raise ValueError(f"coordinate {name!r} must be a non-empty 1-D array")
             if name in RESERVED:
                 raise ValueError(f"coordinate name {name!r} is reserved")
-        specs = check_variables(variables, list(coords), ensemble is not None)
-        members = check_ensemble_coords(ensemble_coords, ensemble, [*coords, *specs])
+        members = check_ensemble_coords(ensemble_coords, ensemble, [*coords, *variables])
+        extras = check_extra_dims(extra_dims, [*coords, *members, *variables])
+        specs = check_variables(variables, list(coords), ensemble is not None, tuple(extras))
         sizes = {} if ensemble is None else {ENSEMBLE: int(ensemble)}
         sizes.update({name: c.size for name, c in coords.items()})
+        sizes.update({name: spec["data"].size for name, spec in extras.items()})
 
         def build(f: h5py.File) -> None:
             # h5netcdf writes the netCDF4 layout (dimension scales, netCDF dimension ids,
@@ -227,6 +225,11 @@ class GridWriter:
             s = nc.create_variable(STEP, (TIME,), "i8", chunks=(1024,))
             s.attrs["long_name"] = text_attr("time-step index")
             s.attrs["units"] = text_attr("1")
+            for name, spec in extras.items():
+                d = nc.create_variable(name, (name,), spec["data"].dtype, data=spec["data"])
+                d.attrs["units"] = text_attr(str(spec.get("units", "1")))
+                d.attrs["long_name"] = text_attr(str(spec.get("long_name", name)))
+                d.attrs[EXTRA_DIM_ATTR] = text_attr(EXTRA_DIM_VALUE)
 
             for name, spec in specs.items():
                 dims = spec["dims"]
@@ -234,8 +237,8 @@ class GridWriter:
                 spatial = tuple(sizes[d] for d in dims[1:])
                 kwargs: dict[str, Any] = {"chunks": (1024,)}
                 if spatial:
-                    kwargs["chunks"] = _chunks(spatial, dtype.itemsize)
-                    if compression:
+                    kwargs["chunks"] = chunk_shape(spatial, dtype.itemsize)
+                    if compression and any(d not in extras for d in dims[1:]):
                         kwargs.update(
                             compression="gzip", compression_opts=_GZIP_LEVEL, shuffle=True
                         )
@@ -273,12 +276,17 @@ class GridWriter:
             dims = variable_dims(ds)
             if dims and dims[0] == TIME:
                 self._vars[name] = dims
-        # Spatial axes: the dimension scales other than time, in creation order
-        # (track_order=True), which is C order.
+        # Spatial axes: the dimension scales other than time and ensemble created before
+        # ``step`` (track_order=True: creation order, which is C order), not marked
+        # non-spatial (files from before ``extra_dims`` added ``k`` after ``step``).
+        names = list(f)
         axes = [
             name
-            for name, ds in f.items()
-            if isinstance(ds, h5py.Dataset) and ds.is_scale and name not in (TIME, ENSEMBLE)
+            for name in names[: names.index(STEP)]
+            if isinstance(f[name], h5py.Dataset)
+            and f[name].is_scale
+            and name not in (TIME, ENSEMBLE)
+            and EXTRA_DIM_ATTR not in f[name].attrs
         ]
         self.coords: dict[str, np.ndarray] = {a: f[a][...] for a in axes}
         self.n_frames = n_committed(f)

@@ -137,6 +137,8 @@ def ghost_hops(grid_shape, box, radius: float, ghost_axes) -> tuple[int, int, in
 
 
 def round8(x) -> int:
+    """``x`` (a non-negative float or int) rounded up to a whole number, then to a multiple
+    of 8 (buffer capacities)."""
     return int(-(-int(math.ceil(x)) // 8) * 8)
 
 

@@ -1,5 +1,11 @@
-"""Particle models: ``space``, ``potentials``, ``neighbors``, ``integrate``, ``lattice``,
-``observables`` and ``md`` (Lennard-Jones MD); ``nbody`` (gravity). Kernels are pure functions
-of arrays; see README "Using the particle kernels". Runs from a config go through the driver
-(``simpar.drive``: adapters ``lj`` and ``nbody``).
+"""Particle models; kernels are pure functions of arrays (README "Using the particle kernels").
+
+``space``, ``potentials``, ``neighbors`` (cell and Verlet lists at fixed capacity),
+``forces``, ``integrate``, ``lattice``, ``observables``; ``error_codes`` (the one error
+bitmask and its messages); ``step`` (the one MD time step and regrow/redo loop, shared by
+every engine); ``md`` (Lennard-Jones / Morse on ``single`` and ``sharded``), ``decomposed``
++ ``decomposed_sim`` (the same step spatially decomposed over a device grid); ``nbody``
+(gravity, with ``make_engine`` over ``simpar.parallel.ring``); ``checkpoint`` (restart
+files). Runs from a config go through the driver (``simpar.drive``: adapters ``lj`` and
+``nbody``).
 """
