@@ -118,6 +118,7 @@ def scenario(tmp_path_factory):
     return results
 
 
+@pytest.mark.slow
 def test_uninterrupted_runs_give_the_same_frames_summary_and_status(scenario):
     for name, r in scenario.items():
         code, stdout, stderr = r["ref_run"]
@@ -133,6 +134,7 @@ def test_uninterrupted_runs_give_the_same_frames_summary_and_status(scenario):
         assert _status(r["ref"]) == "complete", name
 
 
+@pytest.mark.slow
 def test_sigkill_after_a_frame_leaves_the_same_file_for_every_model(scenario):
     for name, r in scenario.items():
         assert r["killed_code"] == -signal.SIGKILL, (name, r["killed_stderr"])
@@ -140,6 +142,7 @@ def test_sigkill_after_a_frame_leaves_the_same_file_for_every_model(scenario):
         assert r["killed_status"] == "running", name
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_equals_an_uninterrupted_run_bitwise(scenario):
     for name, r in scenario.items():
         code, stdout, stderr = r["resume_run"]

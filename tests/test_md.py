@@ -132,6 +132,7 @@ def test_nve_energy_conserved_with_dt_squared_error():
     assert 2.5 < errs[0.004] / errs[0.002] < 6.0, errs  # second order
 
 
+@pytest.mark.slow
 def test_neighbor_overflow_is_detected_and_repaired():
     r, v, spc, pot = lj_system(cells=5, temperature=1.44)
     big = md.make_simulation(spc, pot, r, v, dt=0.005)

@@ -34,6 +34,7 @@ def _sharded_sim(cells: int, n_dev: int):
     return sim, n
 
 
+@pytest.mark.slow
 def test_sharded_chunk_moves_at_most_twice_all_positions():
     """4,000 atoms (more than the CPU kernel's 1,024-row block) on 8 devices: the collectives
     of the time step (the while loop's body, the rebuild conditional inside it) and of the
@@ -91,6 +92,7 @@ def test_row_block_of_unsharded_state_is_the_default():
     assert md.row_block(np.zeros((4, 3))) == -1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [None, -1])
 def test_sharded_forces_equal_single_bitwise(block):
     """The one-pass kernel of ``sharded`` and the blocked one of ``single`` give the same

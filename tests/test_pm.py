@@ -130,6 +130,7 @@ def _pair_error(N, r_cells, rng, n_dir=6):
     return np.array(errs)
 
 
+@pytest.mark.slow
 def test_two_body_force_against_newton_with_images():
     rng = np.random.default_rng(3)
     e3, e6, e10 = (_pair_error(32, r, rng) for r in (3.0, 6.0, 10.0))
@@ -141,6 +142,7 @@ def test_two_body_force_against_newton_with_images():
     assert e10.max() < 0.01
 
 
+@pytest.mark.slow
 def test_random_bodies_against_ewald_direct_sum():
     rng = np.random.default_rng(4)
     N, ns, nt = 32, 256, 4096
@@ -165,6 +167,7 @@ def test_random_bodies_against_ewald_direct_sum():
     assert q[0] < 2e-2 and q[1] < 5e-2 and q[2] < 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine,mesh", [("single", (1,)), ("pmap", (2, 4))])
 def test_momentum_is_conserved(engine, mesh):
     rng = np.random.default_rng(5)
@@ -202,6 +205,7 @@ def _plane_wave(N, A0k=0.05, t_end=2.99, dt=0.01):
     return abs(A - exact) / exact, A * k
 
 
+@pytest.mark.slow
 def test_plane_wave_grows_as_cosh_and_converges_with_mesh():
     e16, _ = _plane_wave(16)
     e32, _ = _plane_wave(32)
@@ -250,6 +254,7 @@ def test_capacity_too_small_is_a_config_error():
         eng.distribute(pos, np.zeros_like(pos), np.ones(100))
 
 
+@pytest.mark.slow
 def test_migration_overflow_is_detected_not_silent():
     rng = np.random.default_rng(7)
     n = 512
@@ -271,6 +276,7 @@ def test_lost_particle_is_reported():
         eng.collect((p, v, m, ids))
 
 
+@pytest.mark.slow
 def test_shard_map_step_moves_only_halos_transposes_and_migrants():
     """The compiled shard_map chunk on (2, 4): the FFT's all-to-alls (2 forward + 3 x 2
     inverse), collective-permutes (fold, halo fill, migration), no all-gather."""

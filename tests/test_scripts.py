@@ -59,6 +59,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,args,names", BAD, ids=[f"{s} {' '.join(a)}" for s, a, _ in BAD])
 def test_bad_arguments_exit_2_with_one_line(script, args, names):
     t0 = time.perf_counter()

@@ -137,6 +137,7 @@ def _run_on(engine, mesh, u0, p, steps):
     return np.asarray(out), {k: np.asarray(v) for k, v in d.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", [(8,), (2, 4)], ids=["8-slab", "2x4-pencil"])
 def test_every_engine_equals_single(mesh):
     p = S.make_params(0.02, 0.05, CUBE, drag=0.05, forcing_amplitude=0.5, forcing_wavenumber=1)

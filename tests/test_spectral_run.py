@@ -134,6 +134,7 @@ def _datasets(path):
     return out
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_bitwise_on_shard_map(tmp_path):
     """Killed after frame 2 (step 4), resumed: the file equals an uninterrupted run."""
     extra = ["--engine", "shard_map", "--mesh", "2x4"]
@@ -230,6 +231,7 @@ def test_abc_flow_in_3d_decays_exactly_through_the_cli(tmp_path):
     assert Path(str(out) + ".xdmf").read_text().count('Name="w"') == 3
 
 
+@pytest.mark.slow
 def test_3d_every_engine_equals_single_through_the_cli(tmp_path):
     """3-D Taylor-Green (nonlinear: it transitions) on a pencil (2, 4) and a slab (8,)."""
     sets = [*CUBE, "physics.viscosity=0.02", "time.dt=0.05"]
