@@ -313,6 +313,7 @@ def test_readme_has_python_blocks():
     assert len(_readme_blocks()) >= 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(_readme_blocks())))
 def test_readme_python_block_runs_alone_in_a_fresh_process(i):
     """Every ```python block of README.md, pasted alone into a new script, runs and passes

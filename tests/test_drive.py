@@ -216,6 +216,7 @@ def test_chunks_bounded_in_wall_time_give_the_same_results(tmp_path, monkeypatch
         np.testing.assert_array_equal(b[key], a[key], err_msg=f"{name} {key}")
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_long_chunk_exits_143_within_5_s_with_a_resumable_checkpoint(tmp_path):
     # issue 17: chunks end after ~2 s of measured step time, not only at output frames
     from simpar.io import checkpoint

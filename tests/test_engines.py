@@ -47,6 +47,7 @@ def test_heat2d_every_engine_equals_single_bitwise(bcs):
         assert_same_field(out["u"], ref, str(case))
 
 
+@pytest.mark.slow
 def test_heat2d_9point_stencil_uses_corners_and_matches():
     model, state, params = _heat((32, 32), (WALLS, PER), stencil="9pt")
     cases = [
@@ -72,6 +73,7 @@ def test_heat3d_every_engine_equals_single_bitwise(periodic):
         assert_same_field(out["u"], ref, str(case))
 
 
+@pytest.mark.slow
 def test_float32_engines_agree():
     model, state, params = _heat((32, 32), (WALLS, PER), dtype="float32")
     ref, _ = run_engine("single", model, state, params, 9)
@@ -81,6 +83,7 @@ def test_float32_engines_agree():
         assert_same_field(out["u"], ref["u"], engine)
 
 
+@pytest.mark.slow
 def test_diagnostics_and_row_profiles_agree():
     """Sums psum'd over devices; x-averaged profiles reduced over grid columns only
     (axis_index_groups under pmap, one mesh axis under shard_map)."""

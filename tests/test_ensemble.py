@@ -81,6 +81,7 @@ def test_ensemble_file_has_an_ensemble_dimension_and_members_equal_runs_alone(tm
         np.testing.assert_allclose(ds.u_sum.isel(ensemble=m).values, ref.u_sum.values, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_swept_parameters_are_coordinates_and_plot_shows_every_member(tmp_path, monkeypatch):
     path = tmp_path / "ens.nc"
     run_file(

@@ -20,7 +20,12 @@ from simpar.parallel.hlo import collectives, count
 
 MESHES = [(8,), (2, 4), (4, 2), (2, 2, 2), (1, 8)]
 # 2-D (4, 2) runs the same program as 2-D (2, 4) (every axis split); it is left out for time
-CASES = [((16, 16, 16), m) for m in MESHES] + [((32, 32), m) for m in [(8,), (2, 4), (1, 8)]]
+_FAST = {(8,), (2, 4), (2, 2, 2)}  # the other meshes run in the slow tier (full suite)
+CASES = [
+    pytest.param(shape, m, marks=() if m in _FAST else pytest.mark.slow)
+    for shape, meshes in (((16, 16, 16), MESHES), ((32, 32), [(8,), (2, 4), (1, 8)]))
+    for m in meshes
+]
 TOL = 1e-12
 
 
@@ -147,7 +152,7 @@ def _loss(k):
     return jnp.sum(w * jnp.abs(k) ** 2) + jnp.sum(jnp.real(k) * jnp.cos(w))
 
 
-@pytest.mark.parametrize("engine", ["sharded", "pmap"])
+@pytest.mark.parametrize("engine", ["sharded", pytest.param("pmap", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("real", [False, True], ids=["c2c", "r2c"])
 def test_grad_matches_finite_differences(engine, real):
     shape, mesh = (16, 16), (2, 4)

@@ -171,6 +171,7 @@ def test_error_bitmask_decoded_into_one_message():
     assert error_codes.REPAIRABLE & error_codes.LOST == 0
 
 
+@pytest.mark.slow
 def test_overflow_sets_error_bits_stops_the_chunk_and_regrows():
     """A list built with 8 neighbour slots sets ``NEIGHBORS``; with no regrow allowed the run
     raises the decoded message (step, need, setting); with regrows it repairs and redoes the
@@ -194,6 +195,7 @@ def test_overflow_sets_error_bits_stops_the_chunk_and_regrows():
     np.testing.assert_array_equal(sim.snapshot()["position"], np.asarray(ref.state.position))
 
 
+@pytest.mark.slow
 def test_one_interface_for_single_and_decomposed_simulations():
     """``md.Simulation`` and the decomposed ``DomainSimulation`` (one device, ``local``)
     answer the same driver interface with the same numbers, checkpoints included."""
@@ -365,6 +367,7 @@ def test_invalid_config_raises_before_any_file(tmp_path, key, value, match):
         assert (tmp_path / "old.h5md").read_bytes() == b"keep me"
 
 
+@pytest.mark.slow
 def test_unstable_run_raises_simulation_error(tmp_path):
     cfg = small_config(tmp_path, **{"time.dt": 0.05, "time.steps": 100})
     with pytest.raises(SimulationError, match=r"run failed at step \d+: .*reduce time.dt"):

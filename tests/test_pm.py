@@ -216,13 +216,14 @@ def test_plane_wave_grows_as_cosh_and_converges_with_mesh():
     assert e32 < e16 / 3 and e64 < e32 / 3
 
 
+_SLOW = pytest.mark.slow  # the full suite runs every engine on both meshes
 ENGINES = [
-    ("pmap", (8,)),
+    pytest.param("pmap", (8,), marks=_SLOW),
     ("pmap", (2, 4)),
-    ("shard_map", (8,)),
-    ("shard_map", (2, 4)),
-    ("sharded", (8,)),
-    ("sharded", (2, 4)),
+    pytest.param("shard_map", (8,), marks=_SLOW),
+    pytest.param("shard_map", (2, 4), marks=_SLOW),
+    pytest.param("sharded", (8,), marks=_SLOW),
+    pytest.param("sharded", (2, 4), marks=_SLOW),
 ]
 
 

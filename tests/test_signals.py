@@ -133,6 +133,7 @@ def test_ctrl_c_during_start_up_or_compilation_exits_130_cleanly(tmp_path, phase
         assert read_attrs(out)["run_status"] in ("failed: interrupted", "running")
 
 
+@pytest.mark.slow
 def test_ctrl_c_after_the_run_finished_is_ignored_during_teardown(tmp_path):
     # Python resets its handlers to the default action early in finalization; a SIGINT in
     # the next ~50 ms used to kill a completed run (exit -2, nothing printed).

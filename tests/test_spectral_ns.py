@@ -215,7 +215,9 @@ def _run_on(engine, mesh, w0, p, steps):
     return np.asarray(out), {k: np.asarray(v) for k, v in d.items()}
 
 
-@pytest.mark.parametrize("mesh", [(8,), (2, 4)], ids=["8", "2x4"])
+@pytest.mark.parametrize(
+    "mesh", [pytest.param((8,), marks=pytest.mark.slow), (2, 4)], ids=["8", "2x4"]
+)
 def test_every_engine_equals_single(mesh):
     p = S.make_params(0.01, 0.02, LENGTH, drag=0.05, forcing_amplitude=0.5, forcing_wavenumber=2)
     w0 = S.random_turbulence(SHAPE, LENGTH, seed=11, peak_wavenumber=4.0)

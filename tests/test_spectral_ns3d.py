@@ -41,6 +41,7 @@ def _mixed(shape=SHAPE):
     return S3.taylor_green(shape) + 0.3 * S3.abc_flow(shape)
 
 
+@pytest.mark.slow
 def test_abc_flow_decays_exactly():
     ops = _single()
     nu, dt, steps = 0.1, 0.05, 40
@@ -69,6 +70,7 @@ def _history(u0, p, steps, ops):
     return {k: jnp.concatenate([hist[k], last[k][None]]) for k in last}
 
 
+@pytest.mark.slow
 def test_energy_balance_and_conservation():
     ops = _single()
     u0 = _mixed()
@@ -86,6 +88,7 @@ def test_energy_balance_and_conservation():
     assert np.asarray(h["enstrophy"])[-1] > 1.05 * np.asarray(h["enstrophy"])[0]  # stretching
 
 
+@pytest.mark.slow
 def test_kolmogorov_shear_flow_spins_up():
     amp, n_f, nu, mu, dt, steps = 0.7, 2, 0.05, 0.1, 0.05, 20
     length = (2 * math.pi, 4 * math.pi, 2 * math.pi)

@@ -92,6 +92,7 @@ def test_taylor_green_file_matches_the_exact_decay(tmp_path):
     assert 'Name="spectrum"' not in xdmf and xdmf.count("<Time ") == 5
 
 
+@pytest.mark.slow  # fast tier: test_spectral_ns.py::test_every_engine_equals_single
 def test_every_engine_equals_single_through_the_cli(tmp_path):
     """Turbulent Kolmogorov flow (random field, forcing, drag) on every engine and on the
     meshes (8,) (slab) and (2, 4) equals single to 1e-12 (float64)."""
