@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar.errors import ConfigError
+from simpar.parallel import blocks
 from simpar.parallel.capacity import DomainSpec, check_mesh, grow, guess, round8
 from simpar.parallel.domain import _Mapper
 from simpar.parallel.ghosts import collect, distribute
@@ -255,12 +256,7 @@ def make_domain_simulation(
     mesh = tuple(int(m) for m in mesh)
     grid = DeviceGrid(mesh, (True,) * len(mesh))
     devices = list(devices) if devices is not None else jax.devices()
-    if grid.size > len(devices):
-        raise ConfigError(
-            "--mesh",
-            f"mesh {'x'.join(map(str, mesh))} needs {grid.size} devices but only "
-            f"{len(devices)} are available (on CPU, pass --devices {grid.size})",
-        )
+    blocks.require_devices(mesh, len(devices))  # the one "needs N devices" check
     if engine == "local" and grid.size != 1:
         raise ConfigError("--mesh", f"the local engine runs on one device, got mesh {mesh}")
     position = jnp.asarray(position)
