@@ -4,7 +4,7 @@ What it shows (issue 17, item 10): an lj_melt-like Lennard-Jones liquid (fcc sta
 0.8442, cutoff 2.5 unshifted, float64; 4,000 atoms by default, ``--atoms`` 500, 864, 1372,
 2048, ... for smaller) held at T = 1.0 by ``langevin_baoab`` with the default friction of the
 config (``integrator.gamma = 1.0`` per tau), run at several time steps. For each dt it reports
-the mean of four temperature estimators, each with a standard error from block averages:
+the mean of five temperature estimators, each with a standard error from block averages:
 
 * ``kinetic``: ``2 KE / (3N - 3)`` from the full-step velocities, the ``temperature`` that
   simpar reports (LAMMPS's 3N - 3 degrees of freedom). Langevin noise does not conserve the
@@ -18,25 +18,28 @@ the mean of four temperature estimators, each with a standard error from block a
   the LJ pair term is ``2 (u'' + 2 u' / r) = 2 (528 r^-14 - 120 r^-8)``; the plain cut at rc
   makes the force jump there, adding ``-2 u'(rc) dNpairs/dr (rc)`` to ``lap U``, estimated
   from the pair counts in two shells below rc (linear extrapolation to rc).
-
 * ``kinetic_minus_post_o``: the paired difference of the first two on the same samples
   (most of the kinetic-energy fluctuation cancels, so its standard error is several times
   smaller); its mean is the bias of ``kinetic`` if ``kinetic_post_o`` has none.
 
 The standard error of each mean comes from non-overlapping blocks of ``block_tau`` tau
-(default 2 tau), at least ~8 integrated correlation times of the kinetic temperature
-(printed as ``tau_int``); the bias of each estimator is fitted with ``bias = c * dt^2``
-(weighted least squares through the origin) and the fit's chi^2 is reported.
+(default 2 tau; the JSON gives the integrated correlation time ``tau_int_kinetic_tau`` of the
+kinetic temperature to compare with, 0.22-0.76 tau in the run below); the bias of each
+estimator is fitted with ``bias = c * dt^2`` (weighted least squares through the origin) and
+the fit's chi^2 is reported, with the harmonic-oscillator prediction for the full-step
+estimator, ``c = -<|F|^2> / (12 N m)`` (``c_theory_kinetic``).
 
-Result (4,000 atoms, 100 tau per dt after 10 + 2 tau of equilibration; see README, "Lennard-Jones":
-"Temperature bias of the Langevin integrator"): the full-step kinetic temperature reads low by
-about ``c dt^2``; the post-O estimator and the configurational temperature show no bias within
-their standard errors. Wall time: printed in the JSON (``wall_s``); about 15 minutes for the
-default settings on 2 busy CPU cores.
+Result (the README table, "Temperature bias of the Langevin integrator";
+``data/reference/langevin_bias_4000.json``): 4,000 atoms, dt 0.0025, 0.005, 0.0075, 0.01,
+50 tau each, 566 s on 2 busy CPU cores. The full-step kinetic temperature reads low by
+``c dt^2`` with c = -75 +- 8 (paired with the post-O estimate: -80.8 +- 0.2; harmonic theory
+-80.6); the post-O estimator shows no bias (c = 6 +- 8); the configurational temperature reads
+slightly high (c = +60 +- 12).
 
 Run (one device; the measurement is per system, not per engine):
-    python experiments/langevin_bias.py [--atoms 4000] [--dt 0.0025,0.005,0.0075]
-        [--tau 100] [--equil 10] [--out data/runs/langevin_bias.json]
+    python experiments/langevin_bias.py --atoms 4000 --dt 0.0025,0.005,0.0075,0.01
+        --tau 50 --equil 10 --requil 2 [--out data/runs/langevin_bias.json]  # README table
+    python experiments/langevin_bias.py --atoms 500 --dt 0.005,0.01 --tau 10 --block-tau 1
 On N devices the integrator is the same step (``simpar.particles.step.md_step``); the bias
 does not depend on the engine.
 """
