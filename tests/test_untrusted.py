@@ -470,6 +470,8 @@ PARTICLE_CRAFTED = {
             "/state/spec_column_capacity",
         ),
         "other list radius": (_with("spec_radius", np.float64(1.0)), "/state/spec_radius"),
+        "other cell grid": (_with("spec_cells", np.full(3, 3)), "/state/spec_cells"),
+        "free-space list": (_with("spec_periodic", np.False_), "/state/spec_periodic"),
         "step beyond int32": (_with("step", np.int64(2**40)), "/state/step"),
         "external storage": (_external("force", (256, 3)), "/state/force"),
     },
@@ -489,7 +491,8 @@ def _check(model: str, out: Path, config_text: str) -> None:
     from simpar.particles import checkpoint as pck
 
     if model == "lj":
-        pck.check_lj_resume(out, config_text, 256, "float64", 2.5, 0.3)
+        box = np.full(3, 4 * (4 / 0.8442) ** (1 / 3))  # 4 fcc cells at density 0.8442
+        pck.check_lj_resume(out, config_text, 256, "float64", 2.5, 0.3, box, True)
     else:
         pck.check_nbody_resume(out, config_text, 16, "float64")
 

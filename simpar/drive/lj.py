@@ -143,7 +143,8 @@ class LJPlan(Plan):
         if c.resume:  # names, shapes, dtypes, values against the config, before any read
             from simpar.particles.checkpoint import check_lj_resume
 
-            check_lj_resume(c.path, config_text, n, cfg["dtype"], cfg["cutoff"], cfg["skin"])
+            check_lj_resume(c.path, config_text, n, cfg["dtype"], cfg["cutoff"], cfg["skin"],
+                            np.asarray(box), cfg["boundary"] == "periodic")  # fmt: skip
         ndev = 1 if self.decomposed else self.mesh[0]
         self.cap = cap = -(-n // ndev) * ndev
         from simpar.particles.checkpoint import layout_name

@@ -378,9 +378,10 @@ def _step_values(path, f, ds: dict) -> None:
         raise _bad(path, ds["step"], f"is {step}; expected the file's step {f.attrs['step']}")
 
 
-def _lj_values(path, f, ds: dict, n: int, radius: float, skin: float) -> None:
+def _lj_values(path, f, ds: dict, n: int, radius: float, skin: float, box, periodic) -> None:
     """Value checks of an LJ checkpoint whose names, shapes and dtypes passed (reads the
-    arrays: they are known to be small)."""
+    arrays: they are known to be small); ``box`` float[3] and ``periodic`` (or None: not
+    checked) are the config's."""
     from simpar.memory import GIB, available_bytes
 
     _step_values(path, f, ds)
@@ -410,6 +411,13 @@ def _lj_values(path, f, ds: dict, n: int, radius: float, skin: float) -> None:
         np.all(cells == _NONE) or (np.all(cells >= 1) and np.prod(cells.astype(float)) <= _I32_MAX)
     ):
         raise _bad(path, ds["spec_cells"], f"is {cells.tolist()}; expected cells >= 1 or -1")
+    if periodic is not None and bool(ds["spec_periodic"][()]) != bool(periodic):
+        raise _bad(path, ds["spec_periodic"], f"is not {bool(periodic)} as the config's boundary")
+    if periodic and box is not None and cells[0] != _NONE:  # neighbors._layout's grid
+        want = np.maximum(np.floor(np.asarray(box, float) * ints["spec_reach"] / radius), 1)
+        if not np.array_equal(cells, want.astype(cells.dtype)):
+            raise _bad(path, ds["spec_cells"], f"is {cells.tolist()}; the box gives "
+                       f"{want.astype(int).tolist()}")  # fmt: skip
     for k, want in (("spec_radius", radius), ("spec_skin", skin)):
         got = float(ds[k][()])
         if not abs(got - want) <= 1e-12 * abs(want):
@@ -417,7 +425,7 @@ def _lj_values(path, f, ds: dict, n: int, radius: float, skin: float) -> None:
     # what the rebuilt lists allocate (int32): the rows, and the candidates of the cell search
     m = min(ints["spec_max_neighbors"], n)
     cand = ints["spec_column_capacity"] * (2 * ints["spec_reach"] + 1) ** 2
-    need = 4 * n * (m + cand)
+    need = 4 * n * (m + cand) + 8 * int(np.prod(np.maximum(cells, 1).astype(float)))
     avail = available_bytes()
     if avail is not None and need > avail:
         raise _bad(
@@ -464,14 +472,18 @@ def check_for_resume(output, config_text: str, model: str, expected: dict, optio
         raise ConfigError("--resume", f"checkpoint {path} is unreadable ({err})") from None
 
 
-def check_lj_resume(output, config_text: str, n: int, dtype, cutoff: float, skin: float) -> None:
+def check_lj_resume(output, config_text: str, n: int, dtype, cutoff: float, skin: float,
+                    box=None, periodic=None) -> None:  # fmt: skip
     """``check_for_resume`` of an LJ run of ``n`` atoms in ``dtype`` (list radius
-    ``cutoff + skin``, as ``neighbors.allocate`` computes it)."""
+    ``cutoff + skin``, as ``neighbors.allocate`` computes it; with the config's ``box``
+    float[3] (sigma) and ``periodic`` boundary, also the stored cell grid)."""
     exp, opt = lj_expected(n, dtype)
     radius = float(cutoff) + float(skin)
+    if box is not None:  # as the run's space holds it (``neighbors._layout`` reads that)
+        box = np.asarray(np.asarray(box, np.dtype(dtype)), np.float64)
 
     def values(path, f, ds):
-        _lj_values(path, f, ds, n, radius, float(skin))
+        _lj_values(path, f, ds, n, radius, float(skin), box, periodic)
 
     check_for_resume(output, config_text, "lj", exp, opt, values)
 
