@@ -5,7 +5,8 @@ allocated), string / int8 / compound dtypes, a string or negative ``step``, a sc
 HDF5 external storage pointing at another file, a virtual dataset, external and soft links;
 H5MD inputs with huge dims, box edges of 1e12, a bad ``boundary``. Every one gives a
 ``ConfigError`` naming the file and the dataset, and through the command line exit 2 with no
-traceback. Memory: ``RLIMIT_AS`` set in a subprocess caps what a run may allocate.
+traceback. Memory: ``RLIMIT_AS`` set in a subprocess caps what a run may allocate. LJ and
+N-body checkpoints: ``tests/test_untrusted_particles.py``.
 """
 
 import os

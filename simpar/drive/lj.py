@@ -140,6 +140,11 @@ class LJPlan(Plan):
         self.first_step = self.step0
         dtype = jnp.dtype(cfg["dtype"])
         self.n = n = r.shape[0]
+        if c.resume:  # names, shapes, dtypes, values against the config, before any read
+            from simpar.particles.checkpoint import check_lj_resume
+
+            check_lj_resume(c.path, config_text, n, cfg["dtype"], cfg["cutoff"], cfg["skin"],
+                            np.asarray(box), cfg["boundary"] == "periodic")  # fmt: skip
         ndev = 1 if self.decomposed else self.mesh[0]
         self.cap = cap = -(-n // ndev) * ndev
         from simpar.particles.checkpoint import layout_name

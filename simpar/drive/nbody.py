@@ -84,6 +84,10 @@ class NBodyPlan(Plan):
                 f"multiple of the device count; {fits} would do, or another device count)",
             )
         check_layout(n, c.engine, self.mesh[0])  # no 'single' across processes, no idle one
+        if c.resume:  # names, shapes, dtypes, values against the config, before any read
+            from simpar.particles.checkpoint import check_nbody_resume
+
+            check_nbody_resume(c.path, config_text, n, self.dtype)
         itemsize = np.dtype(self.dtype).itemsize
         check_fits(  # pair arrays of one target block against its sources dominate
             n * -(-n // self.mesh[0]) * 4 * itemsize + n * 64 * itemsize + (256 << 20),

@@ -186,3 +186,55 @@ def attr(obj, name: str, path, key: str, *, kinds: str, required: bool = True):
         value = value.item() if isinstance(value, np.ndarray) else value
         return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
     return int(value)
+
+
+def check_group(
+    group: h5py.Group,
+    path,
+    key: str,
+    expected: dict,
+    optional=(),
+) -> dict[str, h5py.Dataset]:
+    """Check every member of ``group`` against ``expected`` from the metadata alone.
+
+    Names, shapes and dtypes are checked before any data is read: each expected member must
+    be present (unless in ``optional``) as a dataset of this file with exactly that shape and
+    dtype, no other member may be present, and the members together must fit the memory
+    available (:func:`check_size`).
+
+    Args:
+      group: an open group (e.g. a checkpoint's ``/state``).
+      path: the file (named in errors); key: the option or config key named in errors.
+      expected: name -> (shape, dtype); a shape entry ``None`` accepts any length; the dtype
+        ``"S"`` means a short fixed-length byte string (``MAX_BYTES_STRING`` bytes at most).
+      optional: names that may be absent.
+
+    Returns:
+      name -> the checked ``h5py.Dataset`` (present members only; nothing read).
+
+    Raises:
+      ConfigError: a missing, unexpected, linked, externally stored or virtual member, or
+        another shape or dtype; the message names the file and the dataset.
+    """
+    unknown = sorted(set(group) - set(expected))
+    if unknown:
+        where = f"{_name(group).rstrip('/')}/{unknown[0]}"
+        raise ConfigError(
+            key,
+            f"{os.fspath(path)}: unexpected dataset {where} (this run's checkpoint holds "
+            f"only {', '.join(sorted(expected))})",
+        )
+    out, total, biggest = {}, 0, (0, "")
+    for name, (shape, dtype) in expected.items():
+        if name in optional and group.get(name, getlink=True) is None:
+            continue
+        ds = child(group, name, path, key)
+        if isinstance(dtype, str) and dtype == "S":
+            size = check_dataset(ds, path, key, shape=shape, kinds="S")
+        else:
+            size = check_dataset(ds, path, key, shape=shape, dtype=dtype)
+        out[name] = ds
+        total += size
+        biggest = max(biggest, (size, ds.name))
+    check_size(total, biggest[1], path, key)
+    return out
