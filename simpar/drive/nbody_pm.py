@@ -222,8 +222,11 @@ class PMRun(Run):
         return self._obs
 
     def _track(self, obs) -> None:
-        """Max of ``|E - E0| / (K0 + |W0|)`` and of ``|P|`` over the frames."""
+        """Max of ``|E - E0| / (K + |W|)`` (``K + |W|`` the largest so far: a collapsing
+        system starts near ``E = 0``) and of ``|P|`` over the frames."""
         e0, scale = self.e0
+        k, w = float(obs["kinetic_energy"]), float(obs["potential_energy"])
+        self.e0 = (e0, scale := max(scale, k + abs(w)))
         self.max_de = max(self.max_de, abs(float(obs["total_energy"]) - e0) / scale)
         self.max_p = max(self.max_p, float(np.abs(obs["momentum"]).max()))
 
