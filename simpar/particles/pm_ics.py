@@ -93,11 +93,11 @@ def zeldovich(
         if n[a] % 2 == 0:
             amp = np.where(np.isclose(np.abs(kk), math.pi * n[a] / box[a]), 0.0, amp)
     delta_k = np.fft.rfftn(white) * amp
-    delta = np.fft.irfftn(delta_k, s=n)
+    delta = np.fft.irfftn(delta_k, s=n, axes=(0, 1, 2))
     delta_k *= sigma / max(float(np.std(delta)), 1e-300)
     inv = np.where(k2 > 0, 1.0 / np.where(k2 > 0, k2, 1.0), 0.0)
     psi = np.stack(
-        [np.fft.irfftn(1j * kk * inv * delta_k, s=n) for kk in (kx, ky, kz)], -1
+        [np.fft.irfftn(1j * kk * inv * delta_k, s=n, axes=(0, 1, 2)) for kk in (kx, ky, kz)], -1
     ).reshape(-1, 3)
     q = lattice(n, box)
     vel = omega * psi if velocity == "growing" else np.zeros_like(psi)
