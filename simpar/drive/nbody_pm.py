@@ -176,8 +176,9 @@ class PMRun(Run):
         self.layout = f"{p.engine} {'x'.join(map(str, p.mesh))}"
         capacity, migrate = p.capacity, p.migrate
         if ck is not None and bytes(ck.get("pm_layout", b"")) == self.layout.encode():
-            capacity = capacity or int(ck["pm_capacity"])  # the same buffers: bit for bit
-            migrate = migrate or int(ck["pm_migrate"])
+            # the same buffers as the interrupted run (0: sized by the engine)
+            capacity = capacity or int(ck.get("pm_capacity", 0)) or None
+            migrate = migrate or int(ck.get("pm_migrate", 0)) or None
         self.eng = eng = PMEngine(p.engine, p.shape, p.mesh, p.box, capacity, migrate,
                                   key=p.mesh_key)  # fmt: skip
         start, self._chunk = pm.make_program(eng)
