@@ -158,9 +158,7 @@ def _datasets(path):
     return out
 
 
-@pytest.mark.parametrize(
-    "engine", ["single", pytest.param("pmap", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("engine", ["single", pytest.param("pmap", marks=pytest.mark.slow)])
 def test_resume_after_sigkill_equals_an_uninterrupted_run_bitwise(engine, tmp_path, single):
     ref, part = tmp_path / "ref.h5md", tmp_path / "part.h5md"
     eng = ["--engine", engine, "--mesh", "2x4"] if engine != "single" else []
@@ -195,8 +193,12 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run_bitwise(engine, tmp_pa
         (["physics.pm_mesh=[2,16,16]"], [], "physics.pm_mesh", ">= 4"),
         (["initial.kind='plummer'"], [], "initial.kind", "zeldovich"),
         (["physics.box=[1.0,0.0,1.0]"], [], "physics.box", "> 0"),
-        (["physics.pm_mesh=[12,12,12]"], ["--engine", "pmap", "--devices", "8", "--mesh", "8"],
-         "--mesh", "does not split"),
+        (
+            ["physics.pm_mesh=[12,12,12]"],
+            ["--engine", "pmap", "--devices", "8", "--mesh", "8"],
+            "--mesh",
+            "does not split",
+        ),
         (["physics.force='fmm'"], [], "physics.force", "'direct', 'pm'"),
         (["pm.capacity=0"], [], "pm.capacity", ">= 1"),
     ],

@@ -133,7 +133,8 @@ class PMEngine:
         Raises:
           ConfigError: on ``pm.capacity`` when a device would own more than ``capacity``.
         """
-        pos = np.mod(np.asarray(pos), self.box)
+        pos = np.asarray(pos)
+        pos = np.mod(pos, np.asarray(self.box, pos.dtype))  # keeps float32 float32
         vel, mass = np.asarray(vel), np.asarray(mass)
         extra = tuple(np.asarray(x) for x in extra)
         n = len(pos)
