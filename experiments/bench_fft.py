@@ -13,7 +13,7 @@ What it shows:
   3. The time of the distributed forward transform at 64^3 on those meshes next to ``single``
      (8 *virtual* CPU devices share the cores one after another: overhead, not speed-up).
   4. PM N-body at 10^6 particles (100^3 lattice, 128^3 mesh, float32) on one device against
-     the all-pairs ring at the largest N (doubling from 1024) whose step fits in the PM step
+     the all-pairs ring at the largest N (doubling from 256) whose step fits in the PM step
      time, both in particle-steps/s (``bench_pm.py``; ``--small``: 32^3 particles, 32^3 mesh).
 
 Run (about 2-3 minutes on 2 CPU cores; ``--small``: 64^3 and 256^2, a smoke check in ~1 min):

@@ -7,7 +7,7 @@ Nothing here configures JAX (the callers choose the backend and the device count
   lattice with Zel'dovich displacements, in particle-steps/s (best of ``repeats`` chunks of
   ``steps`` steps, after compilation).
 - :func:`ring_within`: the all-pairs ring (``simpar.particles.nbody``, ``single``) at
-  doubling N from 1024 while one step takes at most a time budget (the PM step time): the
+  doubling N from 256 while one step takes at most a time budget (the PM step time): the
   largest N it can do in the same time per step, in particle-steps/s.
 - :func:`fft_case`: one-device ``jnp.fft.rfftn``/``fftn`` of a float32/complex64 array, and,
   with more than one device, simpar's distributed transform (``sharded`` engine) on
@@ -66,10 +66,10 @@ def pm_case(side: int, mesh: int, steps: int = 3, repeats: int = 2, dtype="float
 
 
 def ring_within(budget_s: float, n_max: int = 1 << 20, steps: int = 2, dtype="float32") -> dict:
-    """The all-pairs ring (one device) at N = 1024, 2048, ... while a step takes <= budget_s.
+    """The all-pairs ring (one device) at N = 256, 512, ... while a step takes <= budget_s.
 
     Returns:
-      ``largest_n`` (the last N within the budget; None if 1024 already exceeds it), its
+      ``largest_n`` (the last N within the budget; None if 256 already exceeds it), its
       ``particle_steps_per_s``, and every measured ``(n, seconds_per_step)``.
     """
     import numpy as np
@@ -80,7 +80,7 @@ def ring_within(budget_s: float, n_max: int = 1 << 20, steps: int = 2, dtype="fl
     eng = make_engine("single", 1)
     params = make_params(0.001, 1.0, 0.01, dtype=dt)
     tried, best = [], None
-    n = 1024
+    n = 256
     while n <= n_max:
         pos, vel, mass = plummer_sphere(n, seed=1, dtype=dt)
         state = eng.init(pos, vel, mass, params)
