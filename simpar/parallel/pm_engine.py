@@ -25,8 +25,14 @@ count, owned count, a particle more than one sub-box away) are checked on the ho
 What moves (compiled HLO, 16^3 on (2, 4), ``tests/test_pm.py``): under ``shard_map`` a step is
 8 all-to-alls (the FFT's transposes) and 16 collective-permutes (halo fold and fill,
 migration), no all-gather. Under ``sharded`` XLA partitions the global-view deposit and
-interpolation itself and all-gathers (24 all-gathers per chunk measured): it is correct but
-not the scalable path; use ``shard_map`` or ``pmap`` for large runs.
+interpolation itself: the particles are split along ``N`` (not by sub-box), so every device
+needs every particle's contribution to its grid block and XLA all-gathers the per-particle
+scatter operands, 24 per step on (8,) and (2, 4): per CIC corner the int32 ``(N, 3)`` node
+indices and the float ``(N,)`` weighted masses of the deposit and the indices again for the
+interpolation (read from the HLO; ``tests/test_pm.py`` checks that no all-gather is larger
+than ``3 N`` elements, i.e. the grid is never gathered). A ``shard_map`` deposit cannot remove
+them without owning the particles by sub-box, which is what the ``shard_map`` engine does: it
+is correct but not the scalable path; use ``shard_map`` or ``pmap`` for large runs.
 """
 
 from __future__ import annotations
