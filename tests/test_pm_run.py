@@ -70,7 +70,12 @@ def single(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "engine,mesh",
-    [("pmap", "8"), ("pmap", "2x4"), ("shard_map", "2x4"), ("sharded", "8")],
+    [
+        ("pmap", "8"),
+        ("pmap", "2x4"),
+        ("shard_map", "2x4"),
+        pytest.param("sharded", "8", marks=pytest.mark.slow),  # the fast tier stays short
+    ],
 )
 def test_engine_equals_single_through_simpar_run(engine, mesh, single, tmp_path):
     ref, s_ref = single
@@ -224,6 +229,7 @@ def test_capacity_too_small_names_pm_capacity(tmp_path):
     assert code == 2 and "pm.capacity" in err, err
 
 
+@pytest.mark.slow
 def test_migration_overflow_stops_the_run_naming_pm_migrate(tmp_path):
     out = tmp_path / "m.h5md"
     sets = [*SMALL, "pm.migrate=1", "time.dt=0.5", "initial.sigma=0.3"]
