@@ -235,3 +235,33 @@ def test_migration_overflow_stops_the_run_naming_pm_migrate(tmp_path):
     sets = [*SMALL, "pm.migrate=1", "time.dt=0.5", "initial.sigma=0.3"]
     code, _, err = _run(out, "--engine", "pmap", "--devices", "8", "--mesh", "8", sets=sets)
     assert code == 1 and "pm.migrate" in err and "Last good output" in err, err
+
+
+def test_chunk_sizes_do_not_change_the_results_and_resume_keeps_the_cadence(
+    tmp_path, monkeypatch, single
+):
+    """As tests/test_drive.py checks for every model: chunks cut by the wall-time clock give
+    the frames of the uninterrupted run bit for bit; a resume with more steps keeps frames
+    at the first step + multiples of output.every."""
+    from simpar.drive import loop
+
+    short = tmp_path / "short.h5md"
+    sizes = []
+    record = loop.ChunkClock.record
+    monkeypatch.setattr(
+        loop.ChunkClock, "record", lambda s, k, t: (sizes.append(k), record(s, k, t))
+    )
+    monkeypatch.setattr(loop, "CHUNK_SECONDS", 1e-9)  # every chunk "too long": 1 step each
+    monkeypatch.setattr(loop, "PROBE_STEPS", 2)
+    code, _, err = _run(short)
+    assert code == 0, err
+    assert sizes[:2] == [2, 2] and set(sizes) == {1, 2}  # probe (compiles), to the frame, 1s
+    a, b = _datasets(single[0]), _datasets(short)
+    for name in a:
+        if not name.startswith("parameters"):
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    monkeypatch.undo()
+    code, stdout, err = _run(short, "--resume", steps=18)
+    assert code == 0, err
+    assert list(_frames(short)[0]) == [0, 4, 8, 12, 16, 18]
+    assert json.loads(stdout)["frames"] == 6
