@@ -265,3 +265,42 @@ def test_chunk_sizes_do_not_change_the_results_and_resume_keeps_the_cadence(
     assert code == 0, err
     assert list(_frames(short)[0]) == [0, 4, 8, 12, 16, 18]
     assert json.loads(stdout)["frames"] == 6
+
+
+def test_zeldovich_displacements_have_the_asked_density_contrast():
+    """delta = -div Psi of the generated displacements has rms ``sigma`` (spectral divergence,
+    Nyquist planes dropped), the same seed gives the same field, growing-mode v = omega Psi."""
+    from simpar.particles import pm_ics
+
+    n, box = (16, 8, 12), (1.0, 0.5, 0.75)
+    pos, vel = pm_ics.zeldovich(n, box, seed=3, sigma=0.01, spectral_index=-2.0, omega=2.0)
+    q = pm_ics.lattice(n, box)
+    psi = pos - q
+    psi -= np.asarray(box) * np.round(psi / np.asarray(box))
+    np.testing.assert_allclose(vel, 2.0 * psi, rtol=0, atol=1e-15)
+    div = np.zeros(n)
+    for a in range(3):
+        k = 2 * math.pi * np.fft.fftfreq(n[a], box[a] / n[a])
+        shape = [1, 1, 1]
+        shape[a] = n[a]
+        f = np.fft.fftn(psi[:, a].reshape(n))
+        div += np.real(np.fft.ifftn(1j * k.reshape(shape) * f))
+    assert np.std(-div) == pytest.approx(0.01, rel=1e-9)
+    again, _ = pm_ics.zeldovich(n, box, seed=3, sigma=0.01, spectral_index=-2.0, omega=2.0)
+    np.testing.assert_array_equal(again, pos)
+    assert pm_ics.growth_rate(1 / (4 * math.pi), 1.0, (1.0, 1.0, 1.0)) == pytest.approx(1.0)
+
+
+def test_bench_pm_cases_run_at_tiny_size():
+    """The PM and ring cases of experiments/bench_fft.py and bench_gpu.py (bench_pm.py) run."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import bench_pm
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    pm = bench_pm.pm_case(8, 8, steps=1, repeats=1)
+    assert pm["n"] == 512 and pm["particle_steps_per_s"] > 0
+    ring = bench_pm.ring_within(10.0, n_max=512, steps=1)
+    assert ring["largest_n"] == 512 and len(ring["measured"]) == 2
+    fft = bench_pm.fft_case((8, 8, 16), repeats=1)
+    assert fft["distributed"]["rfftn_float32"]["mesh"] == [8]
