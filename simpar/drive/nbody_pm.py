@@ -26,7 +26,8 @@ Config keys (defaults in brackets; ``time.steps``, ``output.*`` and ``parallel.e
     [pm]        capacity, migrate: particle slots per device and per axis and direction of
                 migration (pmap/shard_map; default: from the initial distribution)
     [output]    every, path ["data/runs/nbody_pm.h5md"] (.h5md), checkpoint [true]
-    [parallel]  engine ["single"], mesh [every device along x] (1 to 3 axes)
+    [parallel]  engine ["single"], mesh [every device along x] (1 to 3 axes) or devices (n:
+                the mesh (n,))
 
 Output: H5MD as for ``nbody`` (``simpar.drive.nbody_output``) with a periodic box and the
 observables ``kinetic_energy``, ``potential_energy``, ``total_energy``, ``momentum`` and
@@ -122,8 +123,15 @@ class PMPlan(Plan):
         )
         self.engine, self.config_text = c.engine, config_text
         self.save_checkpoints = c.checkpoint
-        self.mesh = device_mesh(c)
-        self.mesh_key = c.mesh_key
+        mesh, self.mesh_key = c.mesh, c.mesh_key
+        devices = cfg.section("parallel").get("devices", None, kind=int, min=1)
+        if devices is not None and self.mesh_key == "parallel.mesh" and mesh is None:
+            mesh, self.mesh_key = (devices,), "parallel.devices"  # as the all-pairs force reads it
+            if c.engine == "single" and devices != 1 and not c.engine_from_cli:
+                raise ConfigError(
+                    "parallel.devices", f"engine 'single' runs on 1 device, got {devices}"
+                )
+        self.mesh = device_mesh(c, mesh=mesh, key=self.mesh_key)
         self._check_split()
         itemsize = np.dtype(self.dtype).itemsize
         check_fits(  # particle arrays (x ~2 buffers) and ~12 mesh-sized arrays
