@@ -106,6 +106,11 @@ def test_output_is_h5md_with_a_periodic_box_and_momentum_conserved(single):
         assert set(obs) >= {"kinetic_energy", "potential_energy", "total_energy",
                             "momentum", "density_contrast"}  # fmt: skip
         assert obs["momentum/value"].shape == (4, 3)
+    import MDAnalysis
+
+    u = MDAnalysis.Universe(str(out), n_atoms=512, convert_units=False)  # N-body units
+    assert len(u.trajectory) == 4
+    np.testing.assert_array_equal(u.dimensions, [1.0, 1.0, 1.0, 90.0, 90.0, 90.0])
     assert s["rate_unit"] == "particle_steps/s" and s["details"]["force"] == "pm"
     assert s["details"]["momentum_max_abs"] < 1e-15
 
