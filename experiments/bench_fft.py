@@ -12,8 +12,13 @@ What it shows:
      transpose means each transpose moves exactly one block).
   3. The time of the distributed forward transform at 64^3 on those meshes next to ``single``
      (8 *virtual* CPU devices share the cores one after another: overhead, not speed-up).
+  4. PM N-body at 10^6 particles (100^3 lattice, 128^3 mesh, float32) on one device against
+     the all-pairs ring at the largest N (doubling from 256) whose step fits in the PM step
+     time, both in particle-steps/s (``bench_pm.py``; ``--small``: 32^3 particles, 32^3 mesh).
+     Measured on the shared 2-core box: PM 0.28 s/step = 3.5 M particle-steps/s; the ring
+     reached N = 8,192 in 0.16 s/step = 52 k particle-steps/s (16,384: 0.80 s): 69x.
 
-Run (about 1-2 minutes on 2 CPU cores; ``--small``: 64^3 and 256^2, a smoke check in ~20 s):
+Run (about 2-3 minutes on 2 CPU cores; ``--small``: 64^3 and 256^2, a smoke check in ~1 min):
     python experiments/bench_fft.py
     python experiments/bench_fft.py --small --rounds 2
 Prints one JSON object on stdout.
@@ -34,9 +39,12 @@ if "--gpu" not in sys.argv:
 
 import jax  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 if "--gpu" not in sys.argv:
     jax.config.update("jax_num_cpu_devices", 8)
 
+import bench_pm  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy  # noqa: E402
@@ -145,6 +153,17 @@ def distributed_time(n: int, mesh, rounds: int) -> dict:
     }
 
 
+def pm_against_ring(small: bool) -> dict:
+    """PM N-body on one device against the ring at the largest N in the same step time."""
+    side, mesh = (32, 32) if small else (100, 128)
+    pm = bench_pm.pm_case(side, mesh, steps=3, repeats=2)
+    ring = bench_pm.ring_within(pm["seconds_per_step"], n_max=1 << (14 if small else 18))
+    ratio = None
+    if ring.get("largest_n"):
+        ratio = round(pm["particle_steps_per_s"] / ring["particle_steps_per_s"], 1)
+    return {"pm": pm, "ring": ring, "pm_over_ring_particle_steps": ratio}
+
+
 def main():
     a = _args()
     cube, square = ((64,) * 3, (256,) * 2) if a.small else ((256,) * 3, (1024,) * 2)
@@ -165,6 +184,7 @@ def main():
             transposes(hlo_n, mesh, real) for mesh in [(8,), (2, 4)] for real in (False, True)
         ],
         "distributed_time": [distributed_time(dist_n, mesh, a.rounds) for mesh in [(8,), (2, 4)]],
+        "pm_nbody_vs_ring": pm_against_ring(a.small),
     }
     print(json.dumps(out, indent=1))
 

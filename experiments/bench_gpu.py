@@ -10,7 +10,12 @@ in-place and out-of-place passes measure device memory):
 - LBM D2Q9 float32, periodic and lid-driven cavity: MLUPS; roofline bandwidth / 72 bytes;
 - Lennard-Jones (LAMMPS in.lj: fcc 0.8442, T 1.44, rc 2.5) float32: atom-steps/s, with the
   exact neighbour policy and with in.lj's ``every 20 check no``;
-- N-body all-pairs float32: pair interactions/s.
+- N-body all-pairs float32: pair interactions/s;
+- FFT (``bench_pm.fft_case``): 3-D real-to-complex 256^3 float32 and 2-D 1024^2 (rfftn and
+  complex fftn) on one device, and simpar's distributed transform on every device: seconds
+  and GB/s;
+- PM N-body (``bench_pm.pm_case``): 10^6 particles (100^3) on a 128^3 mesh, float32, one
+  device: particle-steps/s.
 
 It reuses the functions of ``bench_heat.py``, ``bench_lbm.py``, ``bench_md.py`` and
 ``bench_nbody.py``; each case is compiled and run once, then timed (best of ``--repeats``).
@@ -44,6 +49,24 @@ SIZES = {  # (heat n, lbm n, LJ fcc cells per side, N-body particles, steps per 
 
 def _log(**kw):
     print(json.dumps(kw), file=sys.stderr, flush=True)
+
+
+FFT_PM_SIZES = {  # (3-D r2c side, 2-D side, PM particles per side, PM mesh side)
+    "full": (256, 1024, 100, 128),
+    "small": (32, 64, 16, 16),
+}
+
+
+def fft_and_pm_cases(small: bool, repeats: int) -> tuple[list, dict]:
+    """The FFT cases (3-D and 2-D) and the PM N-body case (``bench_pm``)."""
+    import bench_pm
+
+    cube, square, side, mesh = FFT_PM_SIZES["small" if small else "full"]
+    ffts = [bench_pm.fft_case((cube,) * 3, repeats), bench_pm.fft_case((square,) * 2, repeats)]
+    _log(fft=ffts)
+    pm = bench_pm.pm_case(side, mesh, steps=2 if small else 10, repeats=repeats)
+    _log(pm=pm)
+    return ffts, pm
 
 
 def main(argv=None) -> int:
@@ -124,6 +147,7 @@ def main(argv=None) -> int:
         for e, nd in engines()
     ]
     _log(nbody=out_nbody)
+    out_fft, out_pm = fft_and_pm_cases(args.small, args.repeats)
 
     print(
         json.dumps(
@@ -143,6 +167,8 @@ def main(argv=None) -> int:
                 "lj_float32": lj,
                 "lj_float32_every20_check_no": lj20,
                 "nbody_float32": {"n": n_body, "results": out_nbody},
+                "fft": out_fft,
+                "pm_nbody_float32": out_pm,
                 "wall_s": time.perf_counter() - t_start,
             },
             indent=1,

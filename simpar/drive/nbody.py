@@ -11,7 +11,9 @@ Config keys (defaults in brackets; ``time.steps``, ``output.*`` and ``parallel.e
     [model]     name = "nbody"
     [particles] n (>= 2), seed [0], dtype ["float64"] ("float32" | "float64")
     [time]      dt (> 0), steps (>= 0)
-    [physics]   softening [0.0] (>= 0), G [1.0] (> 0)
+    [physics]   force ["direct"] (all pairs on the ring; "pm": particle-mesh gravity in a
+                periodic box, keys in ``simpar.drive.nbody_pm``), softening [0.0] (>= 0),
+                G [1.0] (> 0)
     [output]    every [a tenth of the steps, at least 1], path ["data/runs/nbody.h5md"]
                 (must end in .h5md), checkpoint [true] (<path>.ckpt with each frame)
     [parallel]  engine ["single"], devices [1 for single, else all devices]
@@ -246,7 +248,25 @@ class NBodyRun(Run):
         )
 
 
-def plan(cfg: Section, opts: Options, config_text: str) -> NBodyPlan:
+FORCES = ("direct", "pm")
+"""``physics.force``: the all-pairs ring (this module) or particle-mesh gravity in a periodic
+box (``simpar.drive.nbody_pm``)."""
+_PM_ONLY = ("pm_mesh", "box", "boundary")
+
+
+def plan(cfg: Section, opts: Options, config_text: str) -> Plan:
     """Read and validate an N-body config (``ConfigError`` names the key); nothing
-    allocated."""
+    allocated. ``physics.force = "pm"`` hands the config to ``simpar.drive.nbody_pm``."""
+    phys = cfg.section("physics")
+    if phys.get("force", "direct", kind=str, choices=FORCES) == "pm":
+        from simpar.drive import nbody_pm
+
+        return nbody_pm.plan(cfg, opts, config_text)
+    for name in _PM_ONLY:
+        if name in phys:
+            raise ConfigError(
+                phys.key(name),
+                "is a key of the particle-mesh force only (physics.force = 'pm'); the "
+                "all-pairs force (physics.force = 'direct') has open boundaries",
+            )
     return NBodyPlan(cfg, opts, config_text)

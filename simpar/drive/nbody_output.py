@@ -10,6 +10,10 @@ masses, and observables at every frame: ``kinetic_energy``, ``potential_energy``
 ``[T, 3]`` (whole-system totals). Run metadata and physics parameters are attributes of
 ``/parameters`` (with ``run_status``: running / complete / failed: <reason>).
 
+With ``physics.force = "pm"`` (``simpar.drive.nbody_pm``) the box is periodic
+(``boundary = "periodic"``, the box edges with every frame) and the observables are
+:data:`PM_OBSERVABLES` (no angular momentum or virial ratio in a periodic box).
+
 Units are N-body units (G = M = 1, E = -1/4 for the Plummer sphere). Position, velocity,
 time and box carry no ``unit`` attribute (reduced units, see ``simpar.io.h5md``);
 ``/h5md/modules/units`` ``system = "nbody"``, ``reduced_unit`` attributes (``L``,
@@ -31,7 +35,7 @@ import numpy as np
 from simpar.io.h5md import H5MDWriter
 from simpar.particles.nbody import Observables
 
-__all__ = ["observable_values", "open_output"]
+__all__ = ["PM_OBSERVABLES", "observable_values", "open_output"]
 
 _OBSERVABLES = (
     "kinetic_energy",
@@ -41,6 +45,16 @@ _OBSERVABLES = (
     "angular_momentum",
     "virial_ratio",
 )
+PM_OBSERVABLES = (
+    "kinetic_energy",
+    "potential_energy",
+    "total_energy",
+    "momentum",
+    "density_contrast",
+)
+"""Observables of ``physics.force = "pm"`` runs (periodic box): energies (``W`` is the mesh
+potential energy with the mean density removed), total momentum ``[T, 3]`` and
+``density_contrast`` = largest node density of the PM mesh / mean density."""
 
 
 def observable_values(obs: Observables) -> dict[str, np.ndarray]:
@@ -74,24 +88,40 @@ _NBODY_UNITS = {
     "virial_ratio": "1",
     "momentum": "M L T-1",
     "angular_momentum": "M L+2 T-1",
+    "density_contrast": "1",
 }
 _VECTORS = ("momentum", "angular_momentum")
 
 
 def open_output(
-    path: Path, n: int, dtype: str, mass, attrs: dict, overwrite: bool = False, key="--out"
+    path: Path,
+    n: int,
+    dtype: str,
+    mass,
+    attrs: dict,
+    overwrite: bool = False,
+    key="--out",
+    periodic: bool = False,
+    names: tuple[str, ...] = _OBSERVABLES,
 ) -> H5MDWriter:
-    """An H5MD writer (``simpar.io.h5md``) set up for an open-boundary N-body run.
+    """An H5MD writer (``simpar.io.h5md``) set up for an N-body run.
 
     Layout differences from an LJ run: ``boundary = "none"`` on every axis and zero box
-    edges (MDAnalysis then reports no box, so no periodic images are used); vector
-    observables ``momentum`` and ``angular_momentum`` ``[T, 3]``; ``unit_system =
-    "nbody"`` and N-body ``reduced_unit`` labels; energies are totals, not per atom.
+    edges (MDAnalysis then reports no box, so no periodic images are used) unless
+    ``periodic`` (the PM force: ``boundary = "periodic"``, the box edges written with each
+    frame); vector observables (``momentum``, ``angular_momentum``) ``[T, 3]``;
+    ``unit_system = "nbody"`` and N-body ``reduced_unit`` labels; energies are totals, not
+    per atom.
+
+    Args:
+      names: the observables (``_OBSERVABLES`` for the all-pairs force,
+        :data:`PM_OBSERVABLES` for PM).
     """
+    vectors = tuple(v for v in _VECTORS if v in names)
 
     def extra(writer: H5MDWriter) -> None:
         obs = writer.file["observables"]
-        for name in _VECTORS:
+        for name in vectors:
             grp = obs.create_group(name)
             writer.elements[name] = grp.create_dataset(
                 "value", (0, 3), maxshape=(None, 3), chunks=(256, 3), dtype="f8"
@@ -99,17 +129,17 @@ def open_output(
             grp["step"], grp["time"] = writer.step, writer.time  # hard links
         for name, ds in writer.elements.items():
             ds.attrs["reduced_unit"] = _NBODY_UNITS[name]
-            if name in _OBSERVABLES:
+            if name in names:
                 ds.attrs["unit"] = _NBODY_UNITS[name]
         writer.time.attrs["reduced_unit"] = "T"  # crossing time 2 sqrt(2) T
 
     return H5MDWriter(
         path,
         n,
-        boundary=("none",) * 3,
+        boundary=("periodic" if periodic else "none",) * 3,
         dtype=dtype,
         velocity=True,
-        observables=[o for o in _OBSERVABLES if o not in _VECTORS],
+        observables=[o for o in names if o not in vectors],
         mass=mass,
         attrs=attrs,
         overwrite=overwrite,

@@ -18,6 +18,10 @@ H5MD particle files (a ``/h5md`` or ``/particles`` group) give
 ``<stem>_positions.png`` (x-y scatter of the last ``position`` frame), labelled in the
 file's true units (``reduced_unit``: sigma and tau for LJ, L and T for N-body; see
 ``simpar.io.h5md``), not in the Angstrom/ps compatibility labels MDAnalysis needs.
+Particle-mesh N-body files (``force = "pm"`` in ``/parameters``) also give
+``<stem>_density.png``: the projected density along z (:func:`projected_density`, a 2-D
+histogram of the x-y positions normalised to mean 1, log colour scale) of the first and the
+last frame side by side.
 
 Models can add their own figures (e.g. lid-driven cavity against reference points):
 register a function in :data:`PLOTTERS` under the model name that the file carries in
@@ -42,7 +46,7 @@ from simpar.errors import ConfigError
 from simpar.io.cavity_plot import plot_cavity
 from simpar.io.netcdf import variable_dims
 
-__all__ = ["PLOTTERS", "plot_file", "register_plotter"]
+__all__ = ["PLOTTERS", "plot_file", "projected_density", "register_plotter"]
 
 Plotter = Callable[[h5py.File, Path], list[Path]]
 
@@ -103,6 +107,52 @@ def plot_file(path: str | os.PathLike) -> list[Path]:
         if model in PLOTTERS:
             written += list(PLOTTERS[model](f, path))
     return written
+
+
+def projected_density(pos, box, bins) -> np.ndarray:
+    """Surface density along z of particles in a periodic box, relative to its mean.
+
+    Args:
+      pos: ``(N, 3)`` positions in ``[0, L)`` (length); box: ``(L_x, L_y, ...)``.
+      bins: ``(n_x, n_y)`` histogram cells.
+
+    Returns:
+      ``(n_x, n_y)`` float64 counts per cell / mean count (equal-mass particles).
+    """
+    pos = np.asarray(pos, np.float64)
+    h, _, _ = np.histogram2d(
+        pos[:, 0], pos[:, 1], bins=bins, range=[[0.0, float(box[0])], [0.0, float(box[1])]]
+    )
+    return h / max(h.mean(), 1e-300)
+
+
+@register_plotter("nbody")
+def _plot_pm_density(f: h5py.File, path: Path) -> list[Path]:
+    par = f.get("parameters")
+    if par is None or _text(par.attrs.get("force", "")) != "pm":
+        return []
+    pos = f["particles/trajectory/position"]
+    n = min(pos["value"].shape[0], pos["step"].shape[0])
+    if n == 0:
+        return []
+    box = np.asarray(par.attrs["box"], np.float64)
+    bins = tuple(int(b) for b in np.asarray(par.attrs["pm_mesh"])[:2])
+    fig = Figure(figsize=(11, 5), layout="constrained")
+    frames = [(0, fig.add_subplot(1, 2, 1)), (n - 1, fig.add_subplot(1, 2, 2))]
+    maps = [projected_density(pos["value"][i], box, bins) for i, _ in frames]
+    top = max(float(m.max()) for m in maps)
+    for (i, ax), m in zip(frames, maps, strict=True):
+        im = ax.imshow(
+            np.log10(np.maximum(m, 1e-2)).T, origin="lower", cmap="magma",
+            extent=(0, box[0], 0, box[1]), vmin=-1.0, vmax=np.log10(max(top, 10.0)),
+        )  # fmt: skip
+        t = float(pos["time"][i])
+        ax.set_title(f"t = {t:.3g}, step {int(pos['step'][i])}: max/mean {m.max():.3g}")
+        ax.set_xlabel("x")
+        ax.set_ylabel("y")
+    fig.colorbar(im, ax=[ax for _, ax in frames], label="log10 projected density / mean")
+    fig.suptitle(f"{path.name}: projected density along z")
+    return [_save(fig, path.with_name(f"{path.stem}_density.png"))]
 
 
 # --------------------------------------------------------------------------- helpers

@@ -25,8 +25,14 @@ count, owned count, a particle more than one sub-box away) are checked on the ho
 What moves (compiled HLO, 16^3 on (2, 4), ``tests/test_pm.py``): under ``shard_map`` a step is
 8 all-to-alls (the FFT's transposes) and 16 collective-permutes (halo fold and fill,
 migration), no all-gather. Under ``sharded`` XLA partitions the global-view deposit and
-interpolation itself and all-gathers (24 all-gathers per chunk measured): it is correct but
-not the scalable path; use ``shard_map`` or ``pmap`` for large runs.
+interpolation itself: the particles are split along ``N`` (not by sub-box), so every device
+needs every particle's contribution to its grid block and XLA all-gathers the per-particle
+scatter operands, 24 per step on (8,) and (2, 4): per CIC corner the int32 ``(N, 3)`` node
+indices and the float ``(N,)`` weighted masses of the deposit and the indices again for the
+interpolation (read from the HLO; ``tests/test_pm.py`` checks that no all-gather is larger
+than ``3 N`` elements, i.e. the grid is never gathered). A ``shard_map`` deposit cannot remove
+them without owning the particles by sub-box, which is what the ``shard_map`` engine does: it
+is correct but not the scalable path; use ``shard_map`` or ``pmap`` for large runs.
 """
 
 from __future__ import annotations
@@ -66,13 +72,14 @@ class PMEngine:
         (changing it recompiles).
       migrate: slots per axis and direction for particles changing device in one step
         (default a quarter of ``capacity``).
+      key: the option or config key blamed when ``mesh`` does not fit the grid or the devices.
 
     Attributes:
       engine, plan, ops, comm (per-block comm, or a ``LocalComm`` for global arrays),
       box (tuple of floats), n_dev, decomposed (particles owned by sub-box).
 
     Raises:
-      ConfigError: on ``--mesh`` when the mesh does not divide the grid; on ``pm.capacity`` /
+      ConfigError: on ``key`` when the mesh does not divide the grid; on ``pm.capacity`` /
         ``pm.migrate`` for sizes below 1.
     """
 
@@ -84,11 +91,12 @@ class PMEngine:
         box: Sequence[float] = (1.0, 1.0, 1.0),
         capacity: int | None = None,
         migrate: int | None = None,
+        key: str = "--mesh",
     ):
         shape = tuple(int(n) for n in shape)
         if len(shape) != 3 or len(box) != 3:
             raise ConfigError("pm.shape", f"PM needs a 3-D grid and box, got {shape}, {box}")
-        self._se = SpectralEngine(engine, shape, mesh, real=True)
+        self._se = SpectralEngine(engine, shape, mesh, real=True, key=key)
         self.engine = engine
         self.plan = self._se.plan
         self.ops = self._se.ops
@@ -115,11 +123,14 @@ class PMEngine:
             flat = flat * n + c
         return flat
 
-    def distribute(self, pos, vel, mass):
-        """Host arrays in id order -> placed ``(pos, vel, mass, ids)`` in the particle layout.
+    def distribute(self, pos, vel, mass, *extra):
+        """Host arrays in id order -> placed ``(pos, vel, mass, ids, *extra)`` in the particle
+        layout.
 
         Args:
           pos: ``(N, 3)`` positions (wrapped into the box here); vel: ``(N, 3)``; mass: ``(N,)``.
+          *extra: more ``(N, ...)`` per-particle arrays placed like ``vel`` (e.g. the
+            accelerations of a checkpoint; empty slots hold zeros).
 
         Returns:
           ``pmap``: ``(n_dev, P, ...)`` stacked buffers; ``shard_map``: ``(n_dev * P, ...)``;
@@ -128,12 +139,14 @@ class PMEngine:
         Raises:
           ConfigError: on ``pm.capacity`` when a device would own more than ``capacity``.
         """
-        pos = np.mod(np.asarray(pos), self.box)
+        pos = np.asarray(pos)
+        pos = np.mod(pos, np.asarray(self.box, pos.dtype))  # keeps float32 float32
         vel, mass = np.asarray(vel), np.asarray(mass)
+        extra = tuple(np.asarray(x) for x in extra)
         n = len(pos)
         self.n_particles = n
         if not self.decomposed:
-            arrays = (pos, vel, mass, np.arange(n, dtype=np.int32))
+            arrays = (pos, vel, mass, np.arange(n, dtype=np.int32), *extra)
             return tuple(self._put(x) for x in arrays)
         own = self._owners(pos)
         counts = np.bincount(own, minlength=self.n_dev)
@@ -153,11 +166,14 @@ class PMEngine:
         bv = np.zeros((self.n_dev, cap, 3), vel.dtype)
         bm = np.ones((self.n_dev, cap), mass.dtype)
         bi = np.full((self.n_dev, cap), -1, np.int32)
+        bx = [np.zeros((self.n_dev, cap, *x.shape[1:]), x.dtype) for x in extra]
         for d in range(self.n_dev):
             sel = np.flatnonzero(own == d)
             k = len(sel)
             bp[d, :k], bv[d, :k], bm[d, :k], bi[d, :k] = pos[sel], vel[sel], mass[sel], sel
-        return tuple(self._put(x) for x in (bp, bv, bm, bi))
+            for b, x in zip(bx, extra, strict=True):
+                b[d, :k] = x[sel]
+        return tuple(self._put(x) for x in (bp, bv, bm, bi, *bx))
 
     def _put(self, x: np.ndarray):
         if self.engine == "pmap":
@@ -221,6 +237,12 @@ class PMEngine:
 
         return migrate
 
+    def per_device(self, x, width: int) -> np.ndarray:
+        """Per-device results of a mapped program (declared ``PARTICLES``) on the host,
+        ``(n_blocks, width)`` (one row on ``single``/``sharded``)."""
+        h = blocks.gather_blocks(x) if self.engine == "pmap" else blocks.to_host(x)
+        return np.asarray(h).reshape(-1, width)
+
     def check(self, flags, step: int = 0) -> None:
         """Raise when the migration flags of a chunk show an overflow (nothing is dropped
         silently).
@@ -229,13 +251,7 @@ class PMEngine:
           SimulationError: migration or owned-count overflow, or a particle that crossed more
             than one sub-box in a step.
         """
-        f = (
-            np.asarray(
-                blocks.gather_blocks(flags) if self.engine == "pmap" else blocks.to_host(flags)
-            )
-            .reshape(-1, 3)
-            .max(axis=0)
-        )
+        f = self.per_device(flags, 3).max(axis=0)
         if not self.decomposed:
             return
         if f[0] > self.migrate_cap:

@@ -129,6 +129,21 @@ def deposit(pos, mass, valid, box, shape, block, comm) -> jax.Array:
     return halo.fold(grid, 1, D, comm) / vol
 
 
+def _phi_k(rho, dx, G, ops) -> jax.Array:
+    """Fourier-layout potential ``phi_k = -4 pi G rho_k / |k|^2`` (``phi_0 = 0``)."""
+    lam = eigenvalues(ops, dx, "spectral", rho.dtype)  # -|k|^2, zero at k = 0
+    rho_k = ops.forward(rho)
+    zero = lam == 0
+    return jnp.where(zero, 0.0, (4 * math.pi) * G * rho_k / jnp.where(zero, 1.0, lam))
+
+
+def potential(rho, box, shape, G, ops) -> jax.Array:
+    """Gravitational potential ``phi`` on the block's nodes (``lap phi = 4 pi G (rho - mean)``,
+    zero mean), same layout and dtype as ``rho`` (length^2 / time^2)."""
+    dx = [box[a] / shape[a] for a in range(D)]
+    return jnp.real(ops.inverse(_phi_k(rho, dx, G, ops))).astype(rho.dtype)
+
+
 def field(rho, box, shape, G, ops) -> jax.Array:
     """Gravitational acceleration ``g = -grad phi``, ``lap phi = 4 pi G (rho - mean rho)``.
 
@@ -142,10 +157,7 @@ def field(rho, box, shape, G, ops) -> jax.Array:
       gradient by the 4th-order centred difference (in Fourier space).
     """
     dx = [box[a] / shape[a] for a in range(D)]
-    lam = eigenvalues(ops, dx, "spectral", rho.dtype)  # -|k|^2, zero at k = 0
-    rho_k = ops.forward(rho)
-    zero = lam == 0
-    phi_k = jnp.where(zero, 0.0, (4 * math.pi) * G * rho_k / jnp.where(zero, 1.0, lam))
+    phi_k = _phi_k(rho, dx, G, ops)
     out = []
     for a in range(D):
         theta = ops.freq(a).astype(rho.dtype) * (2 * math.pi / shape[a])  # k_a dx_a
@@ -256,6 +268,42 @@ def make_program(eng, params_like=None):
     return start_m, chunk_m
 
 
+N_OBS = 6  # entries of block_observables
+
+
+def block_observables(state: PMState, params: PMParams, box, ops, comm) -> jax.Array:
+    """Diagnostics of one block: ``(6,)`` float ``[K, W, P_x, P_y, P_z, rho_max]``.
+
+    ``K = sum m v^2 / 2`` (the block's particles), ``W = sum_nodes rho phi dV / 2`` (the
+    block's nodes; the mesh potential energy of the periodic system, mean density removed),
+    ``P = sum m v``, ``rho_max`` the largest node density of the block (mass / length^3).
+    Totals over blocks: the sum of entries 0-4 and the max of entry 5 (done on the host).
+    """
+    shape, block = tuple(ops.shape), _block(ops, comm)
+    valid = state.ids >= 0
+    rho = deposit(state.pos, state.mass, valid, box, shape, block, comm)
+    phi = potential(rho, box, shape, params.G, ops)
+    vol = (box[0] / shape[0]) * (box[1] / shape[1]) * (box[2] / shape[2])
+    m = jnp.where(valid, state.mass, 0.0)
+    kin = 0.5 * jnp.sum(m * jnp.sum(state.vel**2, axis=1))
+    pot = 0.5 * vol * jnp.sum(rho * phi)
+    mom = jnp.sum(m[:, None] * state.vel, axis=0)
+    return jnp.concatenate([jnp.stack([kin, pot]), mom, jnp.max(rho)[None]]).astype(rho.dtype)
+
+
+def make_observe(eng):
+    """``observe(state, params) -> per-device (6,) blocks`` of :func:`block_observables`
+    mapped on a ``PMEngine`` (reduce them with ``eng.per_device``: sum 0-4, max 5)."""
+    from simpar.parallel.pm_engine import PARTICLES
+
+    box, ops, comm = eng.box, eng.ops, eng.comm
+
+    def observe(state, params):
+        return block_observables(state, params, box, ops, comm)
+
+    return eng.map(observe, (PARTICLES, None), PARTICLES)
+
+
 def momentum(state: PMState) -> jax.Array:
     """Total momentum ``(3,)`` of the block's particles (mass length / time)."""
     valid = (state.ids >= 0)[:, None]
@@ -263,15 +311,19 @@ def momentum(state: PMState) -> jax.Array:
 
 
 __all__ = [
+    "N_OBS",
     "PMParams",
     "PMState",
     "accelerations",
+    "block_observables",
     "advance",
     "deposit",
     "field",
     "init_acc",
     "interpolate",
+    "make_observe",
     "make_program",
     "momentum",
+    "potential",
     "step",
 ]

@@ -1,0 +1,351 @@
+"""Particle-mesh gravity in the driver (``[model] name = "nbody"``, ``physics.force = "pm"``).
+
+A static periodic box of particles on a lattice (displaced by a plane wave or Gaussian random
+Zel'dovich displacements, ``simpar.particles.pm_ics``) moves under PM gravity
+(``simpar.particles.pm``: cloud-in-cell deposit, Poisson by the distributed FFT, 4th-order
+gradient, CIC interpolation, kick-drift-kick leapfrog) on one of the four engines of
+``simpar.parallel.pm_engine``. On ``pmap``/``shard_map`` the particles are owned by sub-box and
+migrate between devices every step; the particle count is checked at every frame and overflow
+is an error naming the setting to change, never silent.
+
+Config keys (defaults in brackets; ``time.steps``, ``output.*`` and ``parallel.engine`` /
+``parallel.mesh`` are read by ``simpar.drive.loop.read_options``)::
+
+    [model]     name = "nbody"
+    [physics]   force = "pm" (default "direct": the all-pairs ring, simpar.drive.nbody),
+                pm_mesh = [N0, N1, N2] (mesh nodes, each >= 4; the device mesh must divide
+                it and its FFT transposes), box [[1.0, 1.0, 1.0]] (periodic edge lengths, > 0),
+                boundary ["periodic"] (the only one: Poisson by FFT), G [1.0] (> 0).
+                No softening key: the mesh softens the force on about two cells.
+    [particles] lattice = [n0, n1, n2] (one particle per site; N = n0 n1 n2, total mass 1),
+                seed [0], dtype ["float64"]
+    [initial]   kind = "plane_wave" (amplitude = A0 k in (0, 1) [0.05]) or "zeldovich"
+                (sigma: rms initial density contrast [0.1]; spectral_index [-2.0];
+                velocity ["growing"] | "rest")
+    [time]      dt (> 0), steps (>= 0)
+    [pm]        capacity, migrate: particle slots per device and per axis and direction of
+                migration (pmap/shard_map; default: from the initial distribution)
+    [output]    every, path ["data/runs/nbody_pm.h5md"] (.h5md), checkpoint [true]
+    [parallel]  engine ["single"], mesh [every device along x] (1 to 3 axes) or devices (n:
+                the mesh (n,))
+
+Output: H5MD as for ``nbody`` (``simpar.drive.nbody_output``) with a periodic box and the
+observables ``kinetic_energy``, ``potential_energy``, ``total_energy``, ``momentum`` and
+``density_contrast`` (largest mesh density / mean). Restart: the checkpoint holds positions,
+velocities, accelerations and masses in id order, and the per-device capacities;
+``--resume`` continues bit for bit on the same engine and mesh.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simpar import precision
+from simpar.config import Section
+from simpar.drive import nbody_output as io
+from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
+from simpar.errors import ConfigError, SimulationError
+from simpar.memory import check_fits
+
+KINDS = ("plane_wave", "zeldovich")
+
+
+def _check_path(path, key) -> None:
+    if path.suffix != ".h5md":
+        raise ConfigError(
+            key, f"must end in .h5md (MDAnalysis recognises H5MD by it), got {str(path)!r}"
+        )
+
+
+class PMPlan(Plan):
+    """A validated PM run (nothing allocated).
+
+    Attributes:
+      common: the shared options; shape: PM mesh nodes; box: edge lengths; lattice, n:
+        particles per axis and in all; G, dt; kind and its parameters; capacity, migrate
+        (None: sized by the engine); engine, mesh, dtype, seed.
+    """
+
+    model = "nbody"
+    first_step = 0
+
+    def __init__(self, cfg: Section, opts: Options, config_text: str):
+        cfg.section("model", required=True).get("name", kind=str, choices=("nbody",))
+        phys = cfg.section("physics", required=True)
+        phys.get("force", kind=str, choices=("direct", "pm"))
+        if "softening" in phys:
+            raise ConfigError(
+                phys.key("softening"),
+                "the PM force is softened by the mesh (about two cells of physics.pm_mesh); "
+                "remove physics.softening, or use physics.force = 'direct' for Plummer softening",
+            )
+        boundary = phys.get("boundary", "periodic", kind=str)
+        if boundary != "periodic":
+            raise ConfigError(
+                phys.key("boundary"),
+                f"the PM force solves Poisson by FFT in a periodic box; got {boundary!r}, allowed:"
+                " 'periodic' (use physics.force = 'direct' for an open, non-periodic system)",
+            )
+        self.shape = tuple(phys.get("pm_mesh", kind=int, length=3, min=4))
+        self.box = tuple(phys.get("box", [1.0] * 3, kind=float, length=3, min=0.0,
+                                  exclusive_min=True))  # fmt: skip
+        self.G = phys.get("G", 1.0, kind=float, min=0.0, exclusive_min=True)
+        part = cfg.section("particles", required=True)
+        if "n" in part:
+            raise ConfigError(
+                part.key("n"),
+                "with physics.force = 'pm' the particles sit on a lattice: set "
+                "particles.lattice = [n0, n1, n2] (N = n0 n1 n2) instead of particles.n",
+            )
+        self.lattice = tuple(part.get("lattice", kind=int, length=3, min=1))
+        self.n = math.prod(self.lattice)
+        self.seed = part.get("seed", 0, kind=int, min=0)
+        self.dtype = part.get("dtype", "float64", kind=str, choices=("float32", "float64"))
+        precision.require(self.dtype, part.key("dtype"))
+        init = cfg.section("initial", required=True)
+        self.kind = init.get("kind", kind=str, choices=KINDS)
+        if self.kind == "plane_wave":
+            self.amplitude = init.get("amplitude", 0.05, kind=float, min=0.0, max=0.999,
+                                      exclusive_min=True)  # fmt: skip
+        else:
+            self.sigma = init.get("sigma", 0.1, kind=float, min=0.0, exclusive_min=True)
+            self.index = init.get("spectral_index", -2.0, kind=float, min=-4.0, max=4.0)
+            self.velocity = init.get("velocity", "growing", kind=str, choices=("growing", "rest"))
+        self.dt = cfg.section("time", required=True).get("dt", kind=float, min=0.0,
+                                                         exclusive_min=True)  # fmt: skip
+        pm = cfg.section("pm")
+        self.capacity = pm.get("capacity", None, kind=int, min=1)
+        self.migrate = pm.get("migrate", None, kind=int, min=1)
+        c = self.common = read_options(
+            cfg, opts, default_path="data/runs/nbody_pm.h5md", check_path=_check_path
+        )
+        self.engine, self.config_text = c.engine, config_text
+        self.save_checkpoints = c.checkpoint
+        mesh, self.mesh_key = c.mesh, c.mesh_key
+        devices = cfg.section("parallel").get("devices", None, kind=int, min=1)
+        if devices is not None and self.mesh_key == "parallel.mesh" and mesh is None:
+            mesh, self.mesh_key = (devices,), "parallel.devices"  # as the all-pairs force reads it
+            if c.engine == "single" and devices != 1 and not c.engine_from_cli:
+                raise ConfigError(
+                    "parallel.devices", f"engine 'single' runs on 1 device, got {devices}"
+                )
+        self.mesh = device_mesh(c, mesh=mesh, key=self.mesh_key)
+        self._check_split()
+        itemsize = np.dtype(self.dtype).itemsize
+        check_fits(  # particle arrays (x ~2 buffers) and ~12 mesh-sized arrays
+            self.n * 40 * itemsize + 12 * math.prod(self.shape) * itemsize + (256 << 20),
+            phys.key("pm_mesh"),
+            f"{self.n} particles on a {'x'.join(map(str, self.shape))} mesh",
+            "reduce particles.lattice or physics.pm_mesh, or use more devices",
+        )
+
+    def _check_split(self) -> None:
+        """The device mesh must divide the PM mesh and its FFT transposes (``ConfigError``)."""
+        from simpar.parallel import fft
+
+        if self.engine == "single":
+            return
+        if len(self.mesh) > 3:
+            raise ConfigError(self.mesh_key, f"a 3-D PM mesh takes 1 to 3 mesh axes: {self.mesh}")
+        try:
+            fft.make_plan(self.shape, self.mesh, True)
+        except ConfigError as err:
+            mesh = "x".join(map(str, self.mesh))
+            raise ConfigError(
+                self.mesh_key,
+                f"physics.pm_mesh = {list(self.shape)} does not split over the device mesh "
+                f"{mesh}: {err.message}",
+            ) from None
+
+    def check_resume(self, ck: dict, ck_step: int) -> int:
+        """The run starts at step 0 (``build`` checks the number of particles)."""
+        return 0
+
+    def build(self, ck) -> PMRun:
+        """Place the particles on the devices and compute their first accelerations."""
+        return PMRun(self, ck)
+
+
+class PMRun(Run):
+    """A PM run on a ``PMEngine`` (see ``simpar.drive.loop.Run`` for the methods)."""
+
+    desc = "nbody-pm"
+
+    def __init__(self, plan: PMPlan, ck):
+        import jax.numpy as jnp
+
+        from simpar.parallel.pm_engine import PMEngine
+        from simpar.particles import pm, pm_ics
+
+        self.plan = p = plan
+        dtype = np.dtype(p.dtype)
+        self.layout = f"{p.engine} {'x'.join(map(str, p.mesh))}"
+        capacity, migrate = p.capacity, p.migrate
+        if ck is not None and bytes(ck.get("pm_layout", b"")) == self.layout.encode():
+            # the same buffers as the interrupted run (0: sized by the engine)
+            capacity = capacity or int(ck.get("pm_capacity", 0)) or None
+            migrate = migrate or int(ck.get("pm_migrate", 0)) or None
+        self.eng = eng = PMEngine(p.engine, p.shape, p.mesh, p.box, capacity, migrate,
+                                  key=p.mesh_key)  # fmt: skip
+        start, self._chunk = pm.make_program(eng)
+        self._observe = pm.make_observe(eng)
+        self.params = pm.PMParams(jnp.asarray(p.dt, dtype), jnp.asarray(p.G, dtype))
+        self.mass = np.full(p.n, 1.0 / p.n, dtype)  # total mass 1
+        self.rho0 = 1.0 / math.prod(p.box)
+        if ck is None:
+            omega = pm_ics.growth_rate(p.G, 1.0, p.box)
+            if p.kind == "plane_wave":
+                pos, vel, _ = pm_ics.plane_wave(p.lattice, p.box, p.amplitude)
+            else:
+                pos, vel = pm_ics.zeldovich(p.lattice, p.box, p.seed, p.sigma, p.index, omega,
+                                            p.velocity)  # fmt: skip
+            placed = eng.distribute(pos.astype(dtype), vel.astype(dtype), self.mass)
+            self.state, self.step, self.e0 = start(*placed, self.params), 0, None
+        else:
+            shapes = {k: np.shape(ck.get(k)) for k in ("pos", "vel", "acc", "mass")}
+            if shapes != {"pos": (p.n, 3), "vel": (p.n, 3), "acc": (p.n, 3), "mass": (p.n,)}:
+                raise ConfigError("--resume", "the checkpoint holds another number of particles")
+            placed = eng.distribute(ck["pos"], ck["vel"], ck["mass"], ck["acc"])
+            self.state, self.step = pm.PMState(*placed), int(ck["step"])
+            self.e0 = (float(ck["energy_initial"]), float(ck["energy_scale"]))
+        self.prev = self.step
+        self.max_de = self.max_p = -math.inf
+        self._obs = self._observe_now()
+
+    def _observe_now(self) -> dict:
+        from simpar.particles.pm import N_OBS
+
+        rows = self.eng.per_device(self._observe(self.state, self.params), N_OBS)
+        tot = rows[:, :5].astype(np.float64).sum(axis=0)
+        return {
+            "kinetic_energy": np.float64(tot[0]),
+            "potential_energy": np.float64(tot[1]),
+            "total_energy": np.float64(tot[0] + tot[1]),
+            "momentum": tot[2:5],
+            "density_contrast": np.float64(rows[:, 5].max() / self.rho0),
+        }
+
+    def observe(self) -> dict:
+        return self._obs
+
+    def _track(self, obs) -> None:
+        """Max of ``|E - E0| / (K + |W|)`` (``K + |W|`` the largest so far: a collapsing
+        system starts near ``E = 0``) and of ``|P|`` over the frames."""
+        e0, scale = self.e0
+        k, w = float(obs["kinetic_energy"]), float(obs["potential_energy"])
+        self.e0 = (e0, scale := max(scale, k + abs(w)))
+        self.max_de = max(self.max_de, abs(float(obs["total_energy"]) - e0) / scale)
+        self.max_p = max(self.max_p, float(np.abs(obs["momentum"]).max()))
+
+    def at_frame(self, step, obs, first) -> None:
+        self._track(obs)
+
+    def _nonfinite(self, obs) -> str | None:
+        values = np.concatenate([np.atleast_1d(v) for v in obs.values()])
+        if np.all(np.isfinite(values)):
+            return None
+        where = f"between steps {self.prev} and {self.step}" if self.step > self.prev else (
+            f"at step {self.step}")  # fmt: skip
+        return f"non-finite energy or momentum {where} (NaN/inf in positions or velocities)"
+
+    _HINT = "reduce time.dt"
+
+    def initial_problem(self, obs) -> None:
+        why = self._nonfinite(obs)
+        if why:
+            raise SimulationError(self.step, why, self._HINT)
+        if self.e0 is None:
+            k, w = float(obs["kinetic_energy"]), float(obs["potential_energy"])
+            self.e0 = (k + w, max(k + abs(w), 1e-300))
+        self._track(obs)
+
+    def advance(self, k: int, last_good: str) -> None:
+        import jax.numpy as jnp
+
+        self.prev = self.step
+        self.state, flags = self._chunk(self.state, self.params, jnp.asarray(k))
+        self.step += k
+        try:
+            self.eng.check(flags, self.step)
+        except SimulationError as err:
+            raise SimulationError(err.step, err.reason, err.hint, last_good) from None
+        self._obs = self._observe_now()
+
+    def problem(self, obs, step):
+        why = self._nonfinite(obs)
+        return (why, self._HINT) if why else None
+
+    def postfix(self, obs) -> dict:
+        return {"contrast": f"{float(obs['density_contrast']):.3g}"}
+
+    def snapshot(self):
+        """``(pos, vel, mass, ids, acc)`` host arrays in id order (checks the count)."""
+        s = self.state
+        return self.eng.collect((s.pos, s.vel, s.mass, s.ids, s.acc), self.step)
+
+    def checkpoint_state(self, host, step) -> dict:
+        from simpar.particles import checkpoint as pck
+        from simpar.particles.nbody import NBodyState
+
+        pos, vel, mass, _, acc = host
+        state = pck.nbody_state_to_checkpoint(NBodyState(pos, vel, acc, mass), step)
+        state["energy_initial"], state["energy_scale"] = (np.float64(e) for e in self.e0)
+        state["pm_layout"] = np.bytes_(self.layout)
+        state["pm_capacity"] = np.int64(self.eng.capacity or 0)
+        state["pm_migrate"] = np.int64(self.eng.migrate_cap or 0)
+        return state
+
+    def open_writer(self, path, *, resume_step, overwrite, key):
+        from simpar.io.h5md import H5MDWriter
+        from simpar.io.meta import run_metadata
+
+        if resume_step is not None:
+            return H5MDWriter.open_existing(path, step=resume_step)
+        p = self.plan
+        meta = run_metadata(
+            p.config_text, engine=p.engine, mesh=p.mesh, dtype=p.dtype, seed=p.seed,
+            model="nbody",
+        )  # fmt: skip
+        attrs = meta | {
+            "units": "N-body units: total mass 1, G and the box as configured",
+            "force": "pm",
+            "n": np.int64(p.n),
+            "G": np.float64(p.G),
+            "pm_mesh": np.asarray(p.shape, np.int64),
+            "box": np.asarray(p.box, np.float64),
+            "dt": np.float64(p.dt),
+            "growth_rate": np.float64(math.sqrt(4 * math.pi * p.G * self.rho0)),
+        }
+        return io.open_output(path, p.n, p.dtype, self.mass, attrs, overwrite=overwrite,
+                              key=key, periodic=True, names=io.PM_OBSERVABLES)  # fmt: skip
+
+    def write_frame(self, writer, step, host, obs) -> None:
+        pos, vel = host[0], host[1]
+        writer.append(step, step * self.plan.dt, pos, box=np.asarray(self.plan.box),
+                      velocity=vel, observables=obs)  # fmt: skip
+
+    def summary(self, obs0, obs, steps_run, wall) -> dict:
+        n = self.plan.n
+        return dict(
+            rate=float(n) * steps_run / wall if wall > 0 else math.nan,
+            rate_unit="particle_steps/s",
+            initial=obs0,
+            final=obs,
+            details={
+                "n": n,
+                "force": "pm",
+                "pm_mesh": list(self.plan.shape),
+                "energy_initial": self.e0[0],
+                "energy_max_rel_change": self.max_de,
+                "momentum_max_abs": self.max_p,
+                "density_contrast": float(obs["density_contrast"]),
+            },
+        )
+
+
+def plan(cfg: Section, opts: Options, config_text: str) -> PMPlan:
+    """Read and validate a PM N-body config (``ConfigError`` names the key); nothing
+    allocated."""
+    return PMPlan(cfg, opts, config_text)
