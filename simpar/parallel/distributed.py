@@ -25,11 +25,17 @@ the checkpoints and the progress. For a frame the state is gathered to every hos
 On CPU the cross-process collectives go through gloo (set here before JAX starts).
 
 Failures end every process (``simpar.parallel.watchdog``): when one process fails (a write
-error, an invalid input, a signal, a simulation error) it publishes its reason and the others
-exit 1 with one line naming it; when one dies (SIGKILL, a crash), the others notice its
-heartbeat stop within ``watchdog.PEER_TIMEOUT_S`` (10 s) and do the same. Process 0, if
-alive, sets ``run_status = "failed: <reason>"``; the checkpoint of the last frame stays
-resumable. The driver wraps a run in :func:`guard`.
+error, an invalid input, a simulation error, a second signal) it publishes its reason and
+the others exit 1 (2 for an invalid input) with one line naming it; when one dies (SIGKILL, a
+crash), the others notice its heartbeat stop within ``watchdog.PEER_TIMEOUT_S`` (10 s) and
+do the same. Process 0, if alive, sets ``run_status = "failed: <reason>"``; the checkpoint of
+the last frame stays resumable. The command line wraps everything after joining in
+:func:`guard` (an option or a config file bad on one process only fails there, after it
+joined the others), and so does the driver.
+
+SIGINT/SIGTERM on any process is not a failure: before each chunk every process learns of
+it (:func:`agree`, with the chunk's length) and all stop at that chunk boundary, exit 130/143
+and ``run_status = "failed: interrupted"`` / ``"failed: terminated"`` (``simpar.drive.chunks``).
 """
 
 from __future__ import annotations

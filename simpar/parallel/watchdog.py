@@ -208,8 +208,8 @@ def _halt() -> None:
 
 def _leaving() -> None:
     """At interpreter exit inside a run (:func:`begin`) that neither finished nor failed:
-    tell the peers. Outside a run (a bad option on every process, or a script that joined
-    without running one) JAX's own shutdown ends the processes together."""
+    tell the peers. Outside a run (a script that joined without running one; the command
+    line guards everything after joining) JAX's own shutdown ends the processes together."""
     if _S.entered and not _S.finished and _S.failed_code is None:
         publish_failure("exited before the run ended", 1)
         exit_now()  # JAX's shutdown would wait for the peers, which now leave
