@@ -14,11 +14,12 @@
    every process has validated (barrier), lets process 0 open the writer;
 4. advances in chunks that end at every frame step or after about 2 s of measured step
    time (``simpar.drive.chunks``: in a multi-process run every process runs process 0's
-   chunk lengths, and a signal on any process stops all of them at one boundary), checks the run's problems between chunks
-   (a ``SimulationError`` with the step, the reason, the setting to change and the last good
-   output), writes frames and checkpoints, honours SIGINT/SIGTERM at chunk boundaries, shows
-   progress, sets ``run_status`` one way (``running`` -> ``complete`` | ``failed: <reason>``)
-   and returns one summary (``simpar.io.meta.run_summary``).
+   chunk lengths, and a signal on any process stops all of them at one boundary), checks
+   the run's problems between chunks (a ``SimulationError`` with the step, the reason, the
+   setting to change and the last good output), writes frames and checkpoints, honours
+   SIGINT/SIGTERM at chunk boundaries, shows progress, sets ``run_status`` one way
+   (``running`` -> ``complete`` | ``failed: <reason>``) and returns one summary
+   (``simpar.io.meta.run_summary``).
 
 Frame cadence (every model, also after ``--resume``): frames at the run's first step and at
 that step + multiples of ``output.every``, plus the last step. ``output.every`` defaults to a
