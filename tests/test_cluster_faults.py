@@ -250,9 +250,11 @@ def test_input_error_on_one_process_before_the_driver_ends_both(tmp_path, failin
     """A config valid on one process only (``model.name``, read before the driver starts)
     or a config file missing on one process (read before JAX starts: that process joins
     the others first to tell them): it exits 2 with its message, the other exits 2 within
-    LIMIT_S with one line naming it, no C++ trace. Before: the other process waited in
-    JAX's shutdown barrier, then aborted (SIGABRT, C++ trace, 29 s), or waited in
-    ``jax.distributed.initialize`` for the one that never came."""
+    LIMIT_S with one line naming it, no C++ trace. Before (measured, model.name on process
+    1): process 1 printed its message and waited in JAX's shutdown barrier; process 0 exited
+    1 after 14 s blaming a missing heartbeat, then process 1 aborted (SIGABRT, C++ trace) at
+    29 s. A config file missing on one process left the others in
+    ``jax.distributed.initialize`` (its timeout: 300 s)."""
     out = tmp_path / "run.nc"
     args = (*HEAT, "--out", str(out))
     bad = (*args, *change) if isinstance(change, tuple) else (change, *args[1:])
