@@ -256,15 +256,9 @@ def _layout(engine: str, mesh: tuple[int, ...], grid: str | None) -> str:
 
 
 def _cmd_run(args) -> int:
-    from simpar import config as cfgmod
     from simpar import signals
     from simpar.errors import ConfigError
-    from simpar.memory import check_device_count
-    from simpar.parallel.topology import parse_mesh
 
-    if args.devices is not None:
-        check_device_count(args.devices, "--devices", MAX_DEVICES)
-    mesh = parse_mesh(args.mesh) if args.mesh else None
     multi = args.distributed or any(
         v is not None for v in (args.coordinator, args.num_processes, args.process_id)
     )
@@ -272,19 +266,55 @@ def _cmd_run(args) -> int:
         raise ConfigError(
             "--distributed", "give either --distributed (cluster) or --coordinator, not both"
         )
-    devices = args.devices  # per process in a multi-process run
-    if devices is None and mesh is not None and not multi:
-        devices = math.prod(mesh)  # on CPU: as many virtual devices as the mesh needs
-        check_device_count(devices, "--mesh", MAX_DEVICES)  # before XLA creates them
-    data, text = cfgmod.load(args.config, args.set)
-    signals.check()  # a Ctrl-C / SIGTERM during start-up stops here, before JAX starts
+    devices, mesh, data, text, early = None, None, None, None, None
+    try:
+        devices, mesh, data, text = _run_inputs(args, multi)
+        signals.check()  # a Ctrl-C / SIGTERM during start-up stops here, before JAX starts
+    except (ConfigError, signals.Interrupted) as err:
+        if not multi:
+            raise
+        # one process of several: join the others first, so that they hear of it and end
+        # (else they wait for this one in jax.distributed.initialize for minutes)
+        early = err
     _configure_jax(devices)
     _enable_compile_cache(args.no_compile_cache)
     if multi:
         from simpar.parallel import distributed
 
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        # from here a failure on this process ends every process, with one line naming it
+        # (before the driver too: an option valid on one process only, a file missing on one)
+        with distributed.guard():
+            if early is not None:
+                raise early
+            return _run(args, devices, mesh, data, text)
+    return _run(args, devices, mesh, data, text)
+
+
+def _run_inputs(args, multi: bool):
+    """The checks of ``simpar run`` made before JAX starts; returns ``(devices, mesh, data,
+    text)``: the CPU devices to create (None: JAX's default), the ``--mesh``, the config."""
+    from simpar import config as cfgmod
+    from simpar.memory import check_device_count
+    from simpar.parallel.topology import parse_mesh
+
+    if args.devices is not None:
+        check_device_count(args.devices, "--devices", MAX_DEVICES)
+    mesh = parse_mesh(args.mesh) if args.mesh else None
+    devices = args.devices  # per process in a multi-process run
+    if devices is None and mesh is not None and not multi:
+        devices = math.prod(mesh)  # on CPU: as many virtual devices as the mesh needs
+        check_device_count(devices, "--mesh", MAX_DEVICES)  # before XLA creates them
+    data, text = cfgmod.load(args.config, args.set)
+    return devices, mesh, data, text
+
+
+def _run(args, devices, mesh, data, text) -> int:
+    """``simpar run`` once JAX has started (and joined the other processes)."""
     import jax
+
+    from simpar import signals
+    from simpar.errors import ConfigError
 
     signals.check()
 

@@ -5,7 +5,9 @@ send; it is handled like Ctrl-C (``SIGINT``). The first signal only sets a flag;
 line and the drivers call :func:`check` at safe points (after the configuration is read, after
 JAX has started, before the output file is created, and before each chunk of steps; chunks
 end at an output frame or after about 2 s of measured step time, ``simpar.drive.loop``),
-which raises :class:`Interrupted`. The checkpoint is the last frame's.
+which raises :class:`Interrupted`. The checkpoint is the last frame's. In a multi-process
+run the processes agree before each chunk: a signal on any of them stops all of them at the
+same chunk boundary (``simpar.drive.chunks``).
 A running simulation then writes ``run_status = "failed: interrupted"`` or ``"failed:
 terminated"`` and the command line exits 130 (SIGINT) or 143 (SIGTERM). A second signal
 raises at once.
@@ -37,10 +39,13 @@ class Interrupted(KeyboardInterrupt):
       signum: the signal number.
       reason: ``"interrupted"`` (SIGINT) or ``"terminated"`` (SIGTERM).
       exit_code: 128 + signal number (130 for SIGINT, 143 for SIGTERM).
+      together: every process of a multi-process run stops with it at the same chunk
+        boundary (``simpar.drive.chunks.next_chunk``): none reports the others as failed.
     """
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, together: bool = False):
         self.signum = int(signum)
+        self.together = bool(together)
         self.reason = _REASONS.get(signum, f"signal {signum}")
         self.exit_code = 128 + self.signum
         super().__init__(self.reason)

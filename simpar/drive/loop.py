@@ -13,11 +13,13 @@
    ``--overwrite``), builds the adapter's *run* (state on the devices), and only then, once
    every process has validated (barrier), lets process 0 open the writer;
 4. advances in chunks that end at every frame step or after about 2 s of measured step
-   time (:class:`ChunkClock`), checks the run's problems between chunks
-   (a ``SimulationError`` with the step, the reason, the setting to change and the last good
-   output), writes frames and checkpoints, honours SIGINT/SIGTERM at chunk boundaries, shows
-   progress, sets ``run_status`` one way (``running`` -> ``complete`` | ``failed: <reason>``)
-   and returns one summary (``simpar.io.meta.run_summary``).
+   time (``simpar.drive.chunks``: in a multi-process run every process runs process 0's
+   chunk lengths, and a signal on any process stops all of them at one boundary), checks
+   the run's problems between chunks (a ``SimulationError`` with the step, the reason, the
+   setting to change and the last good output), writes frames and checkpoints, honours
+   SIGINT/SIGTERM at chunk boundaries, shows progress, sets ``run_status`` one way
+   (``running`` -> ``complete`` | ``failed: <reason>``) and returns one summary
+   (``simpar.io.meta.run_summary``).
 
 Frame cadence (every model, also after ``--resume``): frames at the run's first step and at
 that step + multiples of ``output.every``, plus the last step. ``output.every`` defaults to a
@@ -31,7 +33,6 @@ returning a :class:`Plan` subclass, whose ``build`` returns a :class:`Run` subcl
 from __future__ import annotations
 
 import errno
-import math
 import os
 import signal
 import sys
@@ -43,6 +44,7 @@ from typing import Any
 from simpar import config as cfgmod
 from simpar import signals
 from simpar.config import Section
+from simpar.drive.chunks import CHUNK_SECONDS, PROBE_STEPS, ChunkClock, next_chunk
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import checkpoint
 from simpar.io.files import check_output_path, status_on_exit, write_error
@@ -295,48 +297,6 @@ def device_mesh(
     return out
 
 
-class ChunkClock:
-    """Chunk sizes bounded in wall time, so signals are honoured within seconds.
-
-    A chunk ends at the next frame step or after about ``target`` seconds of measured step
-    time, whichever comes first. Chunks that stop short of a frame are powers of two (each
-    new size compiles a new chunk program, so few sizes are used, and the first chunk of a
-    size, which compiles, is not taken as a measure); a run whose frames are at most ``probe``
-    steps apart, or fast enough, keeps one chunk per frame. Results do not depend on where
-    chunks end (every step runs the same arithmetic).
-
-    Args:
-      target: wall seconds a chunk should take at most (s); the first chunk of a new size
-        also compiles, so it may take longer.
-      probe: steps of a chunk at most before a step time has been measured.
-      fixed: one chunk per frame (multi-process runs: every process must run the same chunk
-        sizes, and each would measure its own time).
-    """
-
-    def __init__(self, target: float = 2.0, probe: int = 128, fixed: bool = False):
-        self.target, self.limit, self.fixed = target, probe, fixed
-        self.compiled: set[int] = set()
-        self.step_s: float | None = None  # seconds per step (s), measured
-
-    def size(self, to_frame: int) -> int:
-        """Steps of the next chunk, given the steps left to the next frame."""
-        return to_frame if self.fixed else min(to_frame, self.limit)
-
-    def record(self, k: int, seconds: float) -> None:
-        """Take the wall time (s) of a chunk of ``k`` steps into account."""
-        first_use = k not in self.compiled
-        self.compiled.add(k)
-        if first_use:
-            return  # includes its compilation: not a measure of the step time
-        self.step_s = max(seconds, 1e-9) / k
-        steps = self.target / self.step_s
-        self.limit = 1 << max(math.floor(math.log2(steps)), 0) if steps >= 1 else 1
-
-
-CHUNK_SECONDS = 2.0  # wall time of a chunk at most (about; ChunkClock)
-PROBE_STEPS = 128  # steps of a chunk at most until the step time is measured
-
-
 def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
     """Run one experiment through ``adapter`` (a module with ``plan``); returns the summary.
 
@@ -380,8 +340,9 @@ def _drive(adapter, data: dict, config_text: str, opts: Options, watch) -> dict:
     main = distributed.is_main()
     if c.show_layout and main:
         print(run.layout(), flush=True)
-    distributed.barrier("simpar: input validated")  # every process checked before 0 writes
-    signals.check()  # the first compilation is over: still no output
+    # a barrier (every process validated before 0 writes), after the first compilation: a
+    # signal on any process stops every one here, before the output exists
+    next_chunk(None, 0)
 
     path, done = c.path, start
     t0 = time.perf_counter()
@@ -400,7 +361,7 @@ def _drive(adapter, data: dict, config_text: str, opts: Options, watch) -> dict:
 
     with status_on_exit(writer), watch(writer.set_status, lambda: (first + done, last_good)):
         with (
-            signals.deferred() as stop,
+            signals.deferred(),
             Progress(c.steps, enabled=c.progress and main, desc=run.desc) as bar,
         ):
 
@@ -438,11 +399,11 @@ def _drive(adapter, data: dict, config_text: str, opts: Options, watch) -> dict:
             if not c.resume:
                 frame(first, obs0)
             bar.update(done)
-            clock = ChunkClock(CHUNK_SECONDS, PROBE_STEPS, fixed=distributed.process_count() > 1)
+            clock = ChunkClock(CHUNK_SECONDS, PROBE_STEPS)
             while done < c.steps:
-                stop.check()  # SIGINT/SIGTERM: stop here, after the last chunk
                 to_frame = min(c.every - done % c.every, c.steps - done)
-                k = clock.size(to_frame)
+                # every process: the same length; SIGINT/SIGTERM on any stops all here
+                k = next_chunk(clock, to_frame)
                 t = time.perf_counter()
                 run.advance(k, last_good)
                 done += k

@@ -50,6 +50,7 @@ __all__ = [
     "exit_now",
     "finish",
     "finished",
+    "leave",
     "on_stop",
     "publish_failure",
     "start",
@@ -207,8 +208,8 @@ def _halt() -> None:
 
 def _leaving() -> None:
     """At interpreter exit inside a run (:func:`begin`) that neither finished nor failed:
-    tell the peers. Outside a run (a bad option on every process, or a script that joined
-    without running one) JAX's own shutdown ends the processes together."""
+    tell the peers. Outside a run (a script that joined without running one; the command
+    line guards everything after joining) JAX's own shutdown ends the processes together."""
     if _S.entered and not _S.finished and _S.failed_code is None:
         publish_failure("exited before the run ended", 1)
         exit_now()  # JAX's shutdown would wait for the peers, which now leave
@@ -245,6 +246,24 @@ def publish_failure(reason: str, code: int) -> None:
     reason = " ".join(str(reason).split())[:500]
     with contextlib.suppress(Exception):
         _S.client.key_value_set(f"{_PREFIX}failed/{_S.me}", f"{code} {reason}", True)
+    atexit.register(exit_now)  # registered last: runs before JAX's atexit hooks
+
+
+def leave(code: int) -> None:
+    """This process stops with every other one at the same point (all of them agreed, e.g.
+    on a signal: ``simpar.drive.chunks``): nothing is published, the peers are no longer
+    judged, and :func:`exit_now` ends this process with ``code`` once the command line
+    printed its message (JAX's shutdown would wait for peers that leave the same way).
+
+    Args:
+      code: this process's exit code (130/143 for signals).
+    """
+    if not active():
+        return
+    with _S.lock:
+        if _S.stopping or _S.failed_code is not None:
+            return
+        _S.failed_code = int(code)
     atexit.register(exit_now)  # registered last: runs before JAX's atexit hooks
 
 

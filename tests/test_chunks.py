@@ -1,0 +1,57 @@
+"""Chunk lengths and the stop decision every process agrees on (``simpar.drive.chunks``).
+
+The two-process runs (SIGTERM to both or to one, resumed bitwise) are in
+``tests/test_cluster_faults.py`` (slow tier); here the agreement's rule is checked in this
+process: process 0's length, any process's signal (SIGTERM over SIGINT).
+"""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+from jax.experimental import multihost_utils
+
+from simpar import signals
+from simpar.drive.chunks import ChunkClock, next_chunk
+from simpar.parallel import distributed
+
+
+def test_one_process_agrees_with_itself_and_stops_alone():
+    clock = ChunkClock(target=2.0, probe=8)
+    assert next_chunk(clock, 5) == 5 and next_chunk(clock, 20) == 8
+    assert next_chunk(None, 0) == 0
+    assert distributed.agree(7, None) == (7, None)
+    signals.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # held until the next safe point
+        with pytest.raises(signals.Interrupted) as info:
+            next_chunk(clock, 20)
+    finally:
+        signals.uninstall()
+    assert info.value.exit_code == 143 and info.value.reason == "terminated"
+    assert not info.value.together  # one process: nobody else to stop with
+
+
+def test_processes_take_process_0s_length_and_any_signal(monkeypatch):
+    rows = {}
+
+    def allgather(x):  # what process_allgather returns: one row per process, in order
+        rows["mine"] = np.asarray(x)
+        return np.array([[512, 0], [64, int(signal.SIGINT)], [0, int(signal.SIGTERM)]])
+
+    monkeypatch.setattr(distributed, "process_count", lambda: 3)
+    monkeypatch.setattr(distributed, "is_main", lambda: True)
+    monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
+    assert distributed.agree(512, None) == (512, signal.SIGTERM)
+    assert rows["mine"].tolist() == [512, 0] and rows["mine"].dtype == np.int32
+    with pytest.raises(signals.Interrupted) as info:
+        next_chunk(ChunkClock(probe=512), 1000)
+    assert info.value.together and info.value.exit_code == 143
+
+    monkeypatch.setattr(
+        multihost_utils, "process_allgather", lambda x: np.array([[256, 0], [999, 0], [1, 0]])
+    )
+    assert next_chunk(ChunkClock(probe=1), 1000) == 256  # process 0's clock decides
+    with pytest.raises(RuntimeError, match="chunk of 256 steps"):
+        next_chunk(ChunkClock(), 100)  # never more than the steps left to the frame
