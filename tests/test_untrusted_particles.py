@@ -132,7 +132,7 @@ PARTICLE_CASES = [(m, c) for m in PARTICLE_CRAFTED for c in sorted(PARTICLE_CRAF
 
 
 def _check(model: str, out: Path, config_text: str) -> None:
-    from simpar.particles import checkpoint as pck
+    from simpar.io import particle_checks as pck
 
     if model == "lj":
         box = np.full(3, 4 * (4 / 0.8442) ** (1 / 3))  # 4 fcc cells at density 0.8442
@@ -161,7 +161,7 @@ def test_particle_checkpoint_of_another_dtype_or_size_is_refused(particle_runs, 
     out, ck = _copy_run(particle_runs["lj"], tmp_path)
     with h5py.File(ck, "r") as f:
         text = f.attrs["config"]
-    from simpar.particles import checkpoint as pck
+    from simpar.io import particle_checks as pck
 
     with pytest.raises(
         ConfigError, match=r"/state/position is float64 \(256, 3\); expected dtype float32"

@@ -141,7 +141,7 @@ class LJPlan(Plan):
         dtype = jnp.dtype(cfg["dtype"])
         self.n = n = r.shape[0]
         if c.resume:  # names, shapes, dtypes, values against the config, before any read
-            from simpar.particles.checkpoint import check_lj_resume
+            from simpar.io.particle_checks import check_lj_resume
 
             check_lj_resume(c.path, config_text, n, cfg["dtype"], cfg["cutoff"], cfg["skin"],
                             np.asarray(box), cfg["boundary"] == "periodic")  # fmt: skip

@@ -87,7 +87,7 @@ class NBodyPlan(Plan):
             )
         check_layout(n, c.engine, self.mesh[0])  # no 'single' across processes, no idle one
         if c.resume:  # names, shapes, dtypes, values against the config, before any read
-            from simpar.particles.checkpoint import check_nbody_resume
+            from simpar.io.particle_checks import check_nbody_resume
 
             check_nbody_resume(c.path, config_text, n, self.dtype)
         itemsize = np.dtype(self.dtype).itemsize
