@@ -35,6 +35,12 @@ def _particle_cfg(tmp: Path, model: str) -> tuple[Path, Path]:
             '[integrator]\nensemble = "langevin"\ntemperature = 1.0\n'
             "[time]\ndt = 0.005\nsteps = 4\n"
         )
+    elif model == "pm":
+        body = (
+            '[model]\nname = "nbody"\n[physics]\nforce = "pm"\npm_mesh = [8, 8, 8]\n'
+            'box = [1.0, 1.0, 1.0]\n[particles]\nlattice = [4, 2, 2]\ndtype = "float64"\n'
+            '[initial]\nkind = "plane_wave"\n[time]\ndt = 0.01\nsteps = 4\n'
+        )
     else:
         body = (
             '[model]\nname = "nbody"\n[particles]\nn = 16\nseed = 3\ndtype = "float64"\n'
@@ -47,12 +53,13 @@ def _particle_cfg(tmp: Path, model: str) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def particle_runs(tmp_path_factory):
-    """model -> (config file, output) of a finished 4-step LJ / N-body run (checkpoint at 4)."""
+    """model -> (config file, output) of a finished 4-step LJ / N-body / PM run (checkpoint at
+    4)."""
     from simpar.cli import main
 
     tmp = tmp_path_factory.mktemp("particles")
     runs = {}
-    for model in ("lj", "nbody"):
+    for model in ("lj", "nbody", "pm"):
         cfg, out = _particle_cfg(tmp, model)
         assert main(["run", str(cfg), "--quiet"]) == 0
         runs[model] = (cfg, out)
@@ -127,6 +134,13 @@ PARTICLE_CRAFTED = {
         "NaN masses": (_with("mass", np.full(16, np.nan)), "/state/mass"),
         "external storage": (_external("acc", (16, 3)), "/state/acc"),
     },
+    "pm": {  # physics.force = "pm": the N-body datasets plus the PM buffers
+        "int8 positions": (_with("pos", np.zeros((16, 3), np.int8)), "/state/pos"),
+        "wrong particle count": (_with("vel", np.zeros((15, 3))), "/state/vel"),
+        "missing energy scale": (_delete("energy_scale"), "/state/energy_scale"),
+        "negative capacity": (_with("pm_capacity", np.int64(-5)), "/state/pm_capacity"),
+        "string layout too long": (_with("pm_layout", np.bytes_("x" * 10**6)), "/state/pm_layout"),
+    },
 }
 PARTICLE_CASES = [(m, c) for m in PARTICLE_CRAFTED for c in sorted(PARTICLE_CRAFTED[m])]
 
@@ -137,6 +151,8 @@ def _check(model: str, out: Path, config_text: str) -> None:
     if model == "lj":
         box = np.full(3, 4 * (4 / 0.8442) ** (1 / 3))  # 4 fcc cells at density 0.8442
         pck.check_lj_resume(out, config_text, 256, "float64", 2.5, 0.3, box, True)
+    elif model == "pm":
+        pck.check_pm_resume(out, config_text, 16, "float64")
     else:
         pck.check_nbody_resume(out, config_text, 16, "float64")
 
@@ -174,7 +190,13 @@ def test_particle_checkpoint_of_another_dtype_or_size_is_refused(particle_runs, 
 
 
 @pytest.mark.parametrize(
-    "model,case", [("lj", "int8 positions"), ("lj", "wrong atom count"), ("nbody", "string step")]
+    "model,case",
+    [
+        ("lj", "int8 positions"),
+        ("lj", "wrong atom count"),
+        ("nbody", "string step"),
+        ("pm", "negative capacity"),
+    ],
 )
 def test_resume_from_a_crafted_particle_checkpoint_exits_2(
     particle_runs, tmp_path, capsys, model, case

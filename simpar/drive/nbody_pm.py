@@ -133,6 +133,10 @@ class PMPlan(Plan):
                 )
         self.mesh = device_mesh(c, mesh=mesh, key=self.mesh_key)
         self._check_split()
+        if c.resume:  # names, shapes, dtypes, values against the config, before any read
+            from simpar.io.particle_checks import check_pm_resume
+
+            check_pm_resume(c.path, config_text, self.n, self.dtype)
         itemsize = np.dtype(self.dtype).itemsize
         check_fits(  # particle arrays (x ~2 buffers) and ~12 mesh-sized arrays
             self.n * 40 * itemsize + 12 * math.prod(self.shape) * itemsize + (256 << 20),

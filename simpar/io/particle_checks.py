@@ -194,3 +194,23 @@ def check_nbody_resume(output, config_text: str, n: int, dtype) -> None:
         _finite(path, ds, ("pos", "vel", "acc", "mass", "energy_initial"))
 
     check_for_resume(output, config_text, "nbody", exp, opt, values)
+
+
+def check_pm_resume(output, config_text: str, n: int, dtype) -> None:
+    """``check_for_resume`` of a particle-mesh N-body run of ``n`` particles in ``dtype``:
+    the N-body datasets plus ``energy_scale`` float64[] and the PM buffers' ``pm_layout``
+    (short bytes), ``pm_capacity`` and ``pm_migrate`` (int64[], 0: sized by the engine)."""
+    exp, opt = nbody_expected(n, dtype)
+    i64 = np.dtype("int64")
+    exp = {**exp, "energy_scale": ((), np.dtype("float64")), "pm_layout": ((), "S"),
+           "pm_capacity": ((), i64), "pm_migrate": ((), i64)}  # fmt: skip
+
+    def values(path, f, ds):
+        _step_values(path, f, ds)
+        _finite(path, ds, ("pos", "vel", "acc", "mass", "energy_initial", "energy_scale"))
+        for k in ("pm_capacity", "pm_migrate"):
+            v = int(ds[k][()])
+            if not 0 <= v <= _I32_MAX:
+                raise _bad(path, ds[k], f"is {v}; expected 0 .. {_I32_MAX}")
+
+    check_for_resume(output, config_text, "nbody", exp, opt, values)
