@@ -20,7 +20,7 @@ import numpy as np
 
 from simpar import ensemble
 from simpar.config import Section
-from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
+from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError
 from simpar.grid.model import GridSetup
 from simpar.parallel import distributed
@@ -276,8 +276,7 @@ class GridRun(Run):
         cells = math.prod(self.setup.domain.shape) * p.members
         scalars = lambda o: {k: v for k, v in o.items() if np.ndim(v) == n}  # noqa: E731
         return dict(
-            rate=cells * steps_run / wall / 1e6 if wall > 0 else float("nan"),
-            rate_unit="Mcell_updates/s",
+            **rate(cells / 1e6, steps_run, wall, "Mcell_updates/s"),
             initial=scalars(obs0),
             final=scalars(obs),
             details={

@@ -23,7 +23,7 @@ import numpy as np
 
 from simpar.config import Section
 from simpar.drive import lj_config
-from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
+from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError, SimulationError
 from simpar.io.meta import run_metadata
 from simpar.parallel import distributed
@@ -277,8 +277,7 @@ class LJRun(Run):
         sim = self.sim
         hops = None if sim.hops is None else list(sim.hops)
         return dict(
-            rate=n * steps_run / wall if wall > 0 else float("nan"),
-            rate_unit="atom_steps/s",
+            **rate(n, steps_run, wall, "atom_steps/s"),
             initial=th0,
             final=th,
             details={

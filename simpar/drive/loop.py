@@ -176,6 +176,17 @@ class Run:
         raise NotImplementedError
 
 
+def rate(work_per_step: float, steps_run: int, wall: float, unit: str) -> dict:
+    """The summary's ``rate`` (work per second; NaN when no time passed) and ``rate_unit``.
+
+    Args:
+      work_per_step: units of work in one step (e.g. cells / 1e6, atoms, body pairs).
+      steps_run: steps this run took; wall: their wall time (s); unit: e.g. "atom_steps/s".
+    """
+    per_s = work_per_step * steps_run / wall if wall > 0 else float("nan")
+    return {"rate": per_s, "rate_unit": unit}
+
+
 class Plan:
     """A validated model set-up (nothing on the devices yet); adapters subclass it.
 

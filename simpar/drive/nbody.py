@@ -32,7 +32,7 @@ import numpy as np
 from simpar import precision
 from simpar.config import Section
 from simpar.drive import nbody_output as io
-from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
+from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
 
@@ -235,8 +235,7 @@ class NBodyRun(Run):
     def summary(self, obs0, obs, steps_run, wall) -> dict:
         n = self.plan.n
         return dict(
-            rate=float(n) * n * steps_run / wall if wall > 0 else math.nan,
-            rate_unit="pair_interactions/s",
+            **rate(float(n) * n, steps_run, wall, "pair_interactions/s"),
             initial=obs0,
             final=obs,
             details={

@@ -45,7 +45,7 @@ import numpy as np
 from simpar import precision
 from simpar.config import Section
 from simpar.drive import nbody_output as io
-from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
+from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
 
@@ -333,8 +333,7 @@ class PMRun(Run):
     def summary(self, obs0, obs, steps_run, wall) -> dict:
         n = self.plan.n
         return dict(
-            rate=float(n) * steps_run / wall if wall > 0 else math.nan,
-            rate_unit="particle_steps/s",
+            **rate(float(n), steps_run, wall, "particle_steps/s"),
             initial=obs0,
             final=obs,
             details={

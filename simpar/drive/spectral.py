@@ -44,7 +44,7 @@ import numpy as np
 
 from simpar import precision
 from simpar.config import Section
-from simpar.drive.loop import Options, Plan, Run, device_mesh, read_options
+from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError
 from simpar.grid import spectral_ns as S
 from simpar.grid import spectral_ns3d as S3
@@ -434,8 +434,7 @@ class SpectralRun(Run):
         cells = math.prod(p.shape)
         scalars = lambda o: {k: float(v) for k, v in o.items() if np.ndim(v) == 0}  # noqa: E731
         return dict(
-            rate=cells * steps_run / wall / 1e6 if wall > 0 else float("nan"),
-            rate_unit="Mcell_updates/s",
+            **rate(cells / 1e6, steps_run, wall, "Mcell_updates/s"),
             initial=scalars(obs0),
             final=scalars(obs),
             details={
