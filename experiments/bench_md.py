@@ -31,7 +31,13 @@ exact skin/2 check after every step). ``--vs-lammps`` runs LAMMPS's ``bench/in.l
 ``lmp_serial`` on PATH; ``lammps_peer.py``) and this benchmark (float64, ``single``) in
 interleaved rounds, each job pinned to the same core, with both policies (simpar exact vs LAMMPS
 ``every 1 check yes``; simpar ``every 20 check no`` vs in.lj as shipped), and prints the best of
-``--rounds`` of each, the ratios and both codes' rebuild counts.
+``--rounds`` of each, the ratios and both codes' rebuild counts. simpar starts there from
+LAMMPS's own step-0 velocities (``--velocities``, written by LAMMPS once): its ``velocity
+create`` draws them uniformly, and from simpar's Gaussian ones the fastest atoms cross skin/2
+sooner (the exact policy rebuilt 14 times in the first 100 steps where LAMMPS rebuilt 11; from
+LAMMPS's velocities simpar rebuilds 11 times too and prints LAMMPS's step-100 thermo).
+The process holds 8 virtual CPU devices only for ``--engines`` and ``--comm``; ``single`` alone
+runs with one, as ``simpar run`` does (with 8 it took 1.3x the CPU time).
 ``--comm`` reports the collectives in the compiled ``sharded`` LJ chunk (HLO) and the bytes
 they move per step, beside the bytes of the ghost exchange of the decomposition.
 """
@@ -50,7 +56,6 @@ import time
 import jax
 
 jax.config.update("jax_enable_x64", True)
-jax.config.update("jax_num_cpu_devices", 8)
 
 import re  # noqa: E402
 
@@ -75,10 +80,15 @@ def best_chunk(sim, chunk: int, repeats: int) -> float:
 
 
 def bench(dtype, cells: int, chunk: int, repeats: int, skin: float, every: int = 1,
-          check: bool = True) -> dict:  # fmt: skip
+          check: bool = True, velocities: str | None = None) -> dict:  # fmt: skip
     r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, dtype)
     n = r.shape[0]
-    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(87287), n, 1.44, dtype=dtype)
+    if velocities:  # LAMMPS's own step-0 velocities: the same trajectory, the same rebuilds
+        import lammps_peer
+
+        v = jnp.asarray(lammps_peer.lattice_velocities(velocities, r, float(box[0])), dtype)
+    else:
+        v = lattice.maxwell_boltzmann(jax.random.PRNGKey(87287), n, 1.44, dtype=dtype)
     spc = space.periodic(box, dtype)
     pot = potentials.lennard_jones(cutoff=2.5, dtype=dtype)
     t0 = time.perf_counter()
@@ -309,7 +319,11 @@ def _vs_lammps(args) -> dict:
     lmp = lammps_peer.find_lmp()
     if lmp is None:
         raise SystemExit("--vs-lammps: neither lmp nor lmp_serial is on PATH (Debian: lammps)")
+    import tempfile
+
     core = {sorted(os.sched_getaffinity(0))[-1]}
+    tmp = tempfile.TemporaryDirectory()
+    vel = lammps_peer.initial_velocities(lmp, tmp.name, args.cells)
     policies = {"exact_vs_check_yes": (1, True), "every20_check_no_vs_in.lj": (20, False)}
     best: dict = {k: {"simpar": None, "lammps": None} for k in policies}
     loads = []
@@ -319,7 +333,8 @@ def _vs_lammps(args) -> dict:
             lam = lammps_peer.run_lammps(lmp, lammps_peer.in_lj(args.cells, every, check), core)
             cmd = [sys.executable, __file__, "--cells", str(args.cells), "--chunk",
                    str(args.chunk), "--repeats", "1", "--skin", "0.3", "--dtypes", "float64",
-                   "--every", str(every), "--check", "yes" if check else "no"]  # fmt: skip
+                   "--every", str(every), "--check", "yes" if check else "no",
+                   "--velocities", vel]  # fmt: skip
             res = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_pinner(core))
             if res.returncode:
                 raise SystemExit(f"simpar benchmark failed: {res.stderr[-800:]}")
@@ -339,7 +354,9 @@ def _vs_lammps(args) -> dict:
         )
         b["builds"] = {"simpar": s["neighbor_builds_first_100_steps"],
                        "lammps": lam["neighbor_builds"]}  # fmt: skip
+    tmp.cleanup()
     return {"lammps": lmp, "core": sorted(core), "rounds": args.rounds,
+            "initial_velocities": "LAMMPS's (velocity create 1.44 87287 loop geom: uniform)",
             "load_average_1min": loads, "policies": best}  # fmt: skip
 
 
@@ -369,6 +386,8 @@ def main() -> None:
     ap.add_argument("--vs-lammps", action="store_true",
                     help="LAMMPS in.lj and simpar interleaved on one pinned core")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=3, help="rounds of --vs-lammps (best of)")
+    ap.add_argument("--velocities", help="a LAMMPS dump of in.lj's step-0 velocities "
+                    "(lammps_peer.initial_velocities; --vs-lammps makes one)")  # fmt: skip
     ap.add_argument("--coordinator", help=argparse.SUPPRESS)  # set for the worker processes
     ap.add_argument("--num-processes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
@@ -378,7 +397,12 @@ def main() -> None:
 
         jax.config.update("jax_num_cpu_devices", 1)
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    elif args.vs_lammps:
+    elif args.engines or args.comm:
+        # 8 virtual CPU devices only where a run needs them: ``single`` in a process holding 8
+        # took 1.3x the CPU time of one holding 1 (in.lj, 100 steps, one pinned core), and a
+        # user's ``simpar run`` of ``single`` holds 1
+        jax.config.update("jax_num_cpu_devices", 8)
+    if args.vs_lammps:
         print(json.dumps({"benchmark": "LAMMPS in.lj vs simpar single, float64, pinned",
                           "jax": jax.__version__, "host": platform.node(),
                           **_vs_lammps(args)}, indent=1))  # fmt: skip
@@ -405,7 +429,7 @@ def main() -> None:
         dtype = jnp.dtype(name)
         if not args.engines:
             out[name] = bench(dtype, args.cells, args.chunk, args.repeats, args.skin,
-                              args.every, args.check == "yes")  # fmt: skip
+                              args.every, args.check == "yes", args.velocities)  # fmt: skip
             continue
         res = bench_engines(args.engines.split(","), dtype, args.cells, args.chunk, args.repeats)
         for eng, r in res.items():

@@ -95,3 +95,65 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None) -> dict:
         "dangerous_builds": int(dangerous.group(1)) if dangerous else None,
         "affinity": sorted(cpus) if cpus else sorted(os.sched_getaffinity(0)),
     }
+
+
+def initial_velocities(lmp: str, directory: str, cells: int = 20) -> str:
+    """Write LAMMPS's step-0 atoms of in.lj (``write_dump``, 17 digits, sorted by id) into
+    ``directory`` and return the path of the dump (a text file: id x y z vx vy vz).
+
+    Raises:
+      RuntimeError: LAMMPS failed or wrote no dump.
+    """
+    path = os.path.join(directory, "in_lj_step0.txt")
+    script = in_lj(cells, steps=0).replace(
+        "run 0", f"write_dump all custom {path} id x y z vx vy vz modify sort id "
+        "format float %.17g"
+    )  # fmt: skip
+    inp = os.path.join(directory, "in.step0")
+    with open(inp, "w") as f:
+        f.write(script)
+    res = subprocess.run([lmp, "-in", inp, "-log", "none", "-screen", "none"], cwd=directory,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+                         text=True)  # fmt: skip
+    if res.returncode or not os.path.exists(path):
+        raise RuntimeError(f"LAMMPS failed (exit {res.returncode}): {res.stderr[-500:]}")
+    return path
+
+
+def lattice_velocities(path: str, position, box: float):
+    """Velocities of a LAMMPS dump (``initial_velocities``) in the order of ``position``.
+
+    Args:
+      path: the dump (id x y z vx vy vz, 9 header lines).
+      position: float[N, 3] lattice positions (sigma) of the same atoms, in any order.
+      box: the cubic box edge (sigma).
+
+    Returns:
+      numpy float64[N, 3] velocities (sigma / tau), row k for ``position[k]``.
+
+    Raises:
+      ValueError: the dump's atoms are not the fcc lattice's (count or sites differ).
+    """
+    import numpy as np
+
+    d = np.loadtxt(path, skiprows=9)
+    r = np.asarray(position, np.float64)
+    if d.shape[0] != r.shape[0]:
+        raise ValueError(f"{path}: {d.shape[0]} atoms, the lattice has {r.shape[0]}")
+
+    m = 2 * round((r.shape[0] / 4) ** (1 / 3))  # fcc sites: multiples of box / m per axis
+
+    def key(x):
+        g = np.round(np.mod(x, box) / box * m).astype(np.int64) % m
+        return (g[:, 0] * m + g[:, 1]) * m + g[:, 2]
+
+    k_dump, k_lat = key(d[:, 1:4]), key(r)
+    o_dump, o_lat = np.argsort(k_dump), np.argsort(k_lat)
+    if np.any(k_dump[o_dump] != k_lat[o_lat]):
+        raise ValueError(f"{path}: the atoms do not sit on the lattice's sites")
+    gap = np.mod(d[o_dump, 1:4] - r[o_lat] + box / 2, box) - box / 2
+    if np.max(np.abs(gap)) > 1e-6 * box:  # float32 lattices round at ~1e-6 sigma
+        raise ValueError(f"{path}: positions differ from the lattice's by {np.abs(gap).max()}")
+    v = np.zeros_like(r)
+    v[o_lat] = d[o_dump, 4:7]
+    return v

@@ -390,3 +390,30 @@ def test_melt_experiment_step0_matches_lammps(tmp_path, capsys):
     assert "Step" in err and "-6.7733681" in err
     bench = tomllib.loads(open("experiments/lj_bench.toml").read())
     assert bench["system"]["cells"] == [20, 20, 20] and bench["neighbors"]["skin"] == 0.3
+
+
+def test_lammps_dump_velocities_map_onto_the_lattice(tmp_path):
+    """``experiments/lammps_peer.lattice_velocities`` (the start of ``bench_md.py
+    --vs-lammps``) puts each dumped atom's velocity on the lattice site it sits on, whatever
+    the order and periodic image of the dump, and refuses atoms off the sites."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "experiments" / "lammps_peer.py"
+    spec = importlib.util.spec_from_file_location("lammps_peer", path)
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    r, box = lattice.cubic_lattice("fcc", 0.8442, (3,) * 3, F64)
+    r, edge = np.asarray(r), float(box[0])
+    rng = np.random.default_rng(0)
+    v = rng.uniform(-1, 1, r.shape)
+    perm = rng.permutation(r.shape[0])
+    shifted = r[perm] + edge * rng.integers(-1, 2, r.shape)  # other images of the same sites
+    rows = np.column_stack([np.arange(1, r.shape[0] + 1), shifted, v[perm]])
+    dump = tmp_path / "d.txt"
+    np.savetxt(dump, rows, header="\n" * 8, comments="", fmt="%.17g")
+    np.testing.assert_array_equal(peer.lattice_velocities(str(dump), r, edge), v)
+    rows[0, 1] += 0.3  # off its site
+    np.savetxt(dump, rows, header="\n" * 8, comments="", fmt="%.17g")
+    with pytest.raises(ValueError, match="lattice"):
+        peer.lattice_velocities(str(dump), r, edge)

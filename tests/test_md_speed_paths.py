@@ -36,7 +36,7 @@ def _sharded_sim(cells: int, n_dev: int):
 
 @pytest.mark.slow
 def test_sharded_chunk_moves_at_most_twice_all_positions():
-    """4,000 atoms (more than the CPU kernel's 1,024-row block) on 8 devices: the collectives
+    """4,000 atoms (more than the CPU kernel's row block) on 8 devices: the collectives
     of the time step (the while loop's body, the rebuild conditional inside it) and of the
     chunk's end move at most twice all positions per device, and no int32 neighbour list."""
     assert len(jax.devices()) == 8
@@ -97,7 +97,7 @@ def test_row_block_of_unsharded_state_is_the_default():
 def test_sharded_forces_equal_single_bitwise(block):
     """The one-pass kernel of ``sharded`` and the blocked one of ``single`` give the same
     forces bit for bit (FMA off, conftest.py) after a chunk of 20 steps on 4 devices."""
-    sim, n = _sharded_sim(7, 4)  # 1,372 atoms: two 1,024-row blocks on one device
+    sim, n = _sharded_sim(7, 4)  # 1,372 atoms: several row blocks on one device
     r, box = lattice.cubic_lattice("fcc", 0.8442, (7,) * 3, jnp.float64)
     v = lattice.maxwell_boltzmann(jax.random.PRNGKey(1), r.shape[0], 1.44, dtype=jnp.float64)
     one = md.make_simulation(space.periodic(box, jnp.float64),
