@@ -71,10 +71,10 @@ def single(tmp_path_factory):
 @pytest.mark.parametrize(
     "engine,mesh",
     [
-        ("pmap", "8"),
-        ("pmap", "2x4"),
+        pytest.param("pmap", "8", marks=pytest.mark.slow),  # the fast tier stays short
+        pytest.param("pmap", "2x4", marks=pytest.mark.slow),
         ("shard_map", "2x4"),
-        pytest.param("sharded", "8", marks=pytest.mark.slow),  # the fast tier stays short
+        pytest.param("sharded", "8", marks=pytest.mark.slow),
     ],
 )
 def test_engine_equals_single_through_simpar_run(engine, mesh, single, tmp_path):
@@ -296,6 +296,7 @@ def test_zeldovich_displacements_have_the_asked_density_contrast():
     assert pm_ics.growth_rate(1 / (4 * math.pi), 1.0, (1.0, 1.0, 1.0)) == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_bench_pm_cases_run_at_tiny_size():
     """The PM and ring cases of experiments/bench_fft.py and bench_gpu.py (bench_pm.py) run."""
     sys.path.insert(0, str(ROOT / "experiments"))
