@@ -25,7 +25,7 @@ import pytest
 
 from simpar.config import dumps
 from simpar.drive import run_config
-from simpar.errors import ConfigError
+from simpar.errors import ConfigError, SimulationError
 from simpar.parallel.hlo import collectives
 from simpar.particles import decomposed_sim as domain
 from simpar.particles import lattice, md, potentials, space
@@ -79,6 +79,65 @@ def test_decomposed_run_equals_single(reference, engine, mesh):
         assert_same(sim.global_state(), sim.thermo(), frames[k + 1])
     assert sim.builds == builds  # the same exact rebuild policy, decided over all devices
     assert sim.step == STEPS and sim.error == 0 and sim.hops == (1, 1, 1)
+
+
+_POLICY_REFS: dict = {}
+
+
+def _policy_reference(every, check):
+    """The single-engine run of ``lj()`` under a neighbour policy: positions, velocities and
+    thermo after ``STEPS`` steps, and its build count (shared by the mesh cases)."""
+    if (every, check) not in _POLICY_REFS:
+        r, v, spc, pot = lj()
+        sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3, every=every, check=check)
+        sim.advance(STEPS)
+        frame = (np.asarray(sim.state.position), np.asarray(sim.state.velocity), sim.thermo())
+        _POLICY_REFS[every, check] = frame, int(sim.nbrs.n_builds)
+    return _POLICY_REFS[every, check]
+
+
+@pytest.mark.parametrize(
+    ("every", "check", "engine", "mesh"),
+    [
+        (20, False, "shard_map", (2,)),
+        (2, True, "pmap", (2,)),
+        pytest.param(20, False, "pmap", (2, 2, 2), marks=pytest.mark.slow),
+        pytest.param(2, True, "shard_map", (2, 2, 2), marks=pytest.mark.slow),
+    ],
+    ids=str,
+)
+def test_neighbour_policy_equals_single(every, check, engine, mesh):
+    """LAMMPS's ``every 20 check no`` (in.lj as shipped: a build every 20 steps, whatever the
+    atoms did) and ``every 2 check yes`` (the skin/2 check every other step) on the
+    decomposed engines follow ``single`` under the same policy bitwise and build at the
+    same steps: 1 + 200 / 20 builds, and under ``check`` fewer than ``STEPS / every``."""
+    frame, builds = _policy_reference(every, check)
+    r, v, spc, pot = lj()
+    sim = domain.make_domain_simulation(engine, mesh, spc, pot, r, v, dt=0.005, skin=0.3,
+                                        every=every, check=check)  # fmt: skip
+    sim.advance(STEPS)
+    assert_same(sim.global_state(), sim.thermo(), frame)
+    assert sim.builds == builds
+    if check:
+        assert 1 < builds < 1 + STEPS // every
+    else:
+        assert builds == 1 + STEPS // every
+    assert sim.error == 0 and sim.step == STEPS
+
+
+def test_policy_that_loses_atoms_names_itself():
+    """256 atoms melting from T = 3 on 7 slabs of 0.96 sigma with a build every 250 steps:
+    an atom crosses a whole slab between two builds, which migration (one sub-box per axis)
+    cannot repair; the error names the policy keys to change. Bad values are refused."""
+    r, v, spc, pot = lj(cells=(4, 4, 4), temperature=3.0, seed=87287)
+    sim = domain.make_domain_simulation("shard_map", (7,), spc, pot, r, v, dt=0.005, skin=0.3,
+                                        every=250, check=False)  # fmt: skip
+    with pytest.raises(SimulationError, match=r"lost atoms.*neighbors\.every = 250, "
+                                              r"neighbors\.check = false.*smaller neighbors"):  # fmt: skip
+        sim.advance(500)
+    for bad in ({"every": 0}, {"every": 2.0}, {"check": "no"}):
+        with pytest.raises(ValueError, match="every must be|check must be"):
+            domain.make_domain_simulation("local", (1,), spc, pot, r, v, dt=0.005, **bad)
 
 
 @pytest.mark.slow
