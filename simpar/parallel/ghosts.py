@@ -18,7 +18,10 @@ ghosts from further away: hop ``j`` along an axis forwards the ghosts received a
 carries its wrapped position (for distances, with the minimum image, exactly as on one
 device) and its periodic image (shifted by the box length when it crosses the box edge;
 used only to bin it into the block's cell grid). The selected slot indices are kept;
-between rebuilds only the positions are re-sent by the same indices (``forward``).
+between rebuilds only the positions are re-sent by the same indices (``forward``). Along
+an axis of 2 devices both neighbours are the other device: both directions then travel in
+one ``ppermute`` (``_exchange``), halving the collectives, each a synchronisation point
+between processes.
 
 Migration (``migrate``, at each rebuild): atoms outside their sub-box go one hop per axis to
 the owning neighbour, the owned buffer is compacted and sorted by id (a deterministic slot
