@@ -93,8 +93,12 @@ class DomainSimulation(Regrowing):
         return self._fns[k]
 
     def _first(self, x):
-        """Device 0's value of a replicated per-device leaf (host)."""
-        return np.asarray(self.mapper.get(x)).reshape((-1,) + np.shape(x)[1:])[0]
+        """The value of a leaf replicated over the devices (error bits, needs, build count,
+        step, thermo: reduced over all devices), read from this process's first device: no
+        gather across processes (a synchronisation per call) on the chunk loop's path."""
+        shards = getattr(x, "addressable_shards", None)
+        local = shards[0].data if shards else self.mapper.get(x)
+        return np.asarray(local).reshape((-1,) + np.shape(x)[1:])[0]
 
     # layout -------------------------------------------------------------------------------
     def global_state(self, state=None) -> dict:
