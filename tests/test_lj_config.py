@@ -3,7 +3,8 @@
 Bad values exit 2 through ``simpar.cli.main`` naming the key and what is allowed, with no
 output file; good ones reach every engine (``single``, ``sharded``, the decomposed
 ``shard_map``), which follow ``single`` bitwise (FMA off, conftest), rebuild at the steps
-the policy gives, and record the policy in the H5MD file's ``/parameters``.
+the policy gives, and record the policy in the H5MD file's ``/parameters``; a resumed run
+keeps the policy's build steps (counted from step 0) and equals an uninterrupted one.
 """
 
 from pathlib import Path
@@ -82,3 +83,24 @@ def test_policy_reaches_every_engine_and_the_file(tmp_path):
             assert bool(f["parameters"].attrs["neighbors_check"]) is check
     np.testing.assert_array_equal(pos["sharded"], pos["single"])
     np.testing.assert_array_equal(pos["shard_map"], pos["single"])
+
+
+@pytest.mark.parametrize(("engine", "mesh"), [("single", None), ("shard_map", (2,))], ids=str)
+def test_policy_resume_equals_uninterrupted(tmp_path, engine, mesh):
+    """``every = 7``, ``check = false``: builds at steps 7, 14, 21, ... counted from step 0,
+    so a run stopped at step 20 (between two builds) and resumed to 40 gives the
+    uninterrupted run's file bit for bit, and the same build count."""
+    cfg = _config(tmp_path, 7, False, steps=40)
+    cfg["output"]["every"] = 10
+    ref, part = tmp_path / "ref.h5md", tmp_path / "part.h5md"
+    kw = dict(engine=engine, mesh=mesh, progress=False)
+    whole = run_config(cfg, dumps(cfg), steps=40, out=str(ref), **kw)
+    run_config(cfg, dumps(cfg), steps=20, out=str(part), **kw)
+    resumed = run_config(cfg, dumps(cfg), steps=40, out=str(part), resume=True, **kw)
+    assert resumed["resumed_from"] == 20 and resumed["steps"] == 40
+    assert whole["details"]["neighbor_builds"] == 1 + 5
+    traj = "particles/trajectory/"
+    with h5py.File(ref) as a, h5py.File(part) as b:
+        for k in ("position", "velocity"):
+            assert a[traj + k + "/value"].shape == (5, 512, 3)
+            np.testing.assert_array_equal(b[traj + k + "/value"][:], a[traj + k + "/value"][:])
