@@ -26,8 +26,13 @@ own 1-process, 1-device job for the ratios.
 Each process of ``--processes N`` is pinned to its own core (``os.sched_setaffinity`` before
 it starts: core ``i`` modulo the cores available; ``single`` on the first) and reports its
 affinity in the JSON (``affinity``); unpinned runs share cores and one already uses ~1.4.
-``--every N --check yes|no`` set the neighbour policy (LAMMPS's ``neigh_modify``; default the
-exact skin/2 check after every step). ``--vs-lammps`` runs LAMMPS's ``bench/in.lj`` (``lmp`` or
+The 1-process job (``single`` and the engines listed as ``name:1``) and the N-process job take
+turns ``--rounds`` times, each keeping its best chunk, with the load average before each job
+(``bench_md_procs.py``). ``--every N --check yes|no`` set the neighbour policy of every engine
+(LAMMPS's ``neigh_modify``; default the exact skin/2 check after every step).
+Every JSON holds ``memory``: the peak RSS above the Python + JAX baseline (the RSS once the
+backend is up); ``--memory`` adds ``compiled.memory_analysis()`` of each engine's chunk
+(arguments, outputs, temporaries, code) and the size of its state and lists. ``--vs-lammps`` runs LAMMPS's ``bench/in.lj`` (``lmp`` or
 ``lmp_serial`` on PATH; ``lammps_peer.py``) and this benchmark (float64, ``single``) in
 interleaved rounds, each job pinned to the same core, with both policies (simpar exact vs LAMMPS
 ``every 1 check yes``; simpar ``every 20 check no`` vs in.lj as shipped), and prints the best of
@@ -48,7 +53,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -61,6 +65,7 @@ import re  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from bench_md_procs import memory_report, peak_rss_mib, pinner, processes, rss_mib  # noqa: E402
 
 from simpar.parallel import ghosts  # noqa: E402
 from simpar.parallel.particles import shard_particles  # noqa: E402
@@ -79,8 +84,15 @@ def best_chunk(sim, chunk: int, repeats: int) -> float:
     return best
 
 
+def _tree_mib(tree) -> float:
+    """MiB of a pytree's arrays held by this process (its devices' shards)."""
+    return sum(sh.data.nbytes for x in jax.tree.leaves(tree)
+               for sh in x.addressable_shards) / 2**20  # fmt: skip
+
+
 def bench(dtype, cells: int, chunk: int, repeats: int, skin: float, every: int = 1,
-          check: bool = True, velocities: str | None = None) -> dict:  # fmt: skip
+          check: bool = True, velocities: str | None = None,
+          memory: bool = False) -> dict:  # fmt: skip
     r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, dtype)
     n = r.shape[0]
     if velocities:  # LAMMPS's own step-0 velocities: the same trajectory, the same rebuilds
@@ -112,7 +124,15 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float, every: int =
     th100 = sim.thermo()
     builds = int(sim.nbrs.n_builds) - builds0
     best = best_chunk(sim, chunk, repeats)
+    mem = {}
+    if memory:
+        mem = memory_report(md.run_chunk.lower(
+            "nve", sim.spec, sim.space, sim.pot, sim.params, sim.state, sim.nbrs,
+            jnp.int32(chunk), block=md.row_block(sim.state.position), policy=(every, check),
+        ).compile())  # fmt: skip
+        mem["state_and_list_mib"] = _tree_mib((sim.state, sim.nbrs))
     return {
+        "compiled_chunk_memory": mem,
         "n_atoms": n,
         "steps_per_chunk": chunk,
         "atom_steps_per_s_best_chunk": n * chunk / best,
@@ -148,29 +168,51 @@ def _best(fn, *args, repeats=5):
     return best
 
 
-def bench_engines(engines: list[str], dtype, cells: int, chunk: int, repeats: int) -> dict:
+def bench_engines(engines: list[str], dtype, cells: int, chunk: int, repeats: int,
+                  every: int = 1, check: bool = True, memory: bool = False) -> dict:  # fmt: skip
     """Atom-steps/s of each engine (``name`` or ``name:devices``): every engine compiles
     with a warm-up chunk, then the engines take turns, one chunk each per round, and each
     keeps its best chunk. All engines follow the same trajectory, so round ``k`` times the
     same steps (the same rebuilds) on every engine, and a slow moment of the machine hits
-    them all alike."""
+    them all alike. ``every``, ``check``: the neighbour policy of every engine; ``memory``:
+    add ``compiled.memory_analysis()`` of each engine's chunk."""
     r, v, spc, pot = _system(dtype, cells)
     n = r.shape[0]
-    sims = {}
+    sims, mem = {}, {}
+    kw = dict(dt=0.005, skin=0.3, every=every, check=check)
     for eng in engines:
         engine, _, m = eng.partition(":")
         if engine == "single":
-            sims[eng] = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3)
+            sims[eng] = md.make_simulation(spc, pot, r, v, **kw)
         else:
-            sims[eng] = domain.make_domain_simulation(engine, (int(m),), spc, pot, r, v,
-                                                      dt=0.005, skin=0.3)  # fmt: skip
+            sims[eng] = domain.make_domain_simulation(engine, (int(m),), spc, pot, r, v, **kw)
         sims[eng].advance(chunk)  # compiles
+        if memory:
+            sim = sims[eng]
+            if engine == "single":
+                lowered = md.run_chunk.lower(
+                    "nve", sim.spec, sim.space, sim.pot, sim.params, sim.state, sim.nbrs,
+                    jnp.int32(chunk), block=md.row_block(sim.state.position),
+                    policy=(every, check),
+                )  # fmt: skip
+                arrays = (sim.state, sim.nbrs)
+            else:
+                lowered = sim._fn("chunk").lower(sim.state, sim.lists, spc, pot, sim.params,
+                                                 jnp.int32(chunk), False)  # fmt: skip
+                arrays = (sim.state, sim.lists)
+            mem[eng] = {**memory_report(lowered.compile()),
+                        "state_and_list_mib": _tree_mib(arrays)}  # fmt: skip
     best = dict.fromkeys(sims, float("inf"))
+    builds0 = {eng: sim.builds for eng, sim in sims.items()}
     for _ in range(repeats):
         for eng, sim in sims.items():
             best[eng] = min(best[eng], best_chunk(sim, chunk, 1))
-    return {eng: {"atom_steps_per_s": n * chunk / best[eng], "regrows": sims[eng].regrows}
-            for eng in sims}  # fmt: skip
+    out = {}
+    for eng, sim in sims.items():
+        out[eng] = {"atom_steps_per_s": n * chunk / best[eng], "regrows": sim.regrows,
+                    "neighbor_builds_timed": sim.builds - builds0[eng],
+                    "compiled_chunk_memory": mem.get(eng, {})}  # fmt: skip
+    return out
 
 
 def time_split(dtype, cells: int) -> dict:
@@ -269,49 +311,6 @@ def collectives(cells: int = 10, n_dev: int = 8, mesh=(2, 2, 2)) -> dict:
     }
 
 
-def _processes(args) -> dict:
-    """Run the engines as ``args.processes`` processes of one CPU device each (and
-    ``single`` as one 1-device process); process 0's JSON of each job."""
-
-    cores = sorted(os.sched_getaffinity(0))
-
-    def job(n: int, engines: str) -> dict:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        cmd = [sys.executable, __file__, "--cells", str(args.cells), "--chunk", str(args.chunk),
-               "--repeats", str(args.repeats), "--skin", str(args.skin), "--dtypes", args.dtypes,
-               "--engines", engines, "--coordinator", f"127.0.0.1:{port}",
-               "--num-processes", str(n)]  # fmt: skip
-        procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE,
-                                  text=True, env=dict(os.environ),
-                                  preexec_fn=_pinner({cores[i % len(cores)]}))  # fmt: skip
-                 for i in range(n)]  # fmt: skip
-        outs = [p.communicate()[0] for p in procs]
-        if any(p.returncode for p in procs):
-            raise SystemExit(f"a benchmark process failed: {[p.returncode for p in procs]}")
-        res = [json.loads(o[o.index("{\n") :]) for o in outs]
-        return {**res[0], "affinity": [r["affinity"] for r in res]}
-
-    engines = [e for e in args.engines.split(",") if e != "single"]
-    one, many = job(1, "single"), job(args.processes, ",".join(engines))
-    out = {"processes": args.processes, "devices_per_process": 1,
-           "affinity_single": one["affinity"], "affinity_processes": many["affinity"],
-           "cores_available": cores, "oversubscribed": args.processes > len(cores)}  # fmt: skip
-    for name in args.dtypes.split(","):
-        res = {"single": one[name]["single"], **many[name]}
-        for r in res.values():
-            r["ratio_to_single"] = r["atom_steps_per_s"] / res["single"]["atom_steps_per_s"]
-        out[name] = res
-    return out
-
-
-def _pinner(cpus: set[int]):
-    """A ``preexec_fn`` pinning the child to ``cpus`` before it starts (its threads inherit it;
-    ``XLA_FLAGS`` thread limits did not hold XLA to one core, affinity does)."""
-    return lambda: os.sched_setaffinity(0, cpus)
-
-
 def _vs_lammps(args) -> dict:
     """``--vs-lammps``: LAMMPS in.lj and simpar ``single`` float64, interleaved, pinned."""
     import lammps_peer
@@ -335,7 +334,7 @@ def _vs_lammps(args) -> dict:
                    str(args.chunk), "--repeats", "1", "--skin", "0.3", "--dtypes", "float64",
                    "--every", str(every), "--check", "yes" if check else "no",
                    "--velocities", vel]  # fmt: skip
-            res = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_pinner(core))
+            res = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pinner(core))
             if res.returncode:
                 raise SystemExit(f"simpar benchmark failed: {res.stderr[-800:]}")
             sim = json.loads(res.stdout[res.stdout.index("{\n") :])
@@ -385,9 +384,12 @@ def main() -> None:
                     help="neighbour policy: rebuild only when an atom moved skin/2 (yes)")  # fmt: skip
     ap.add_argument("--vs-lammps", action="store_true",
                     help="LAMMPS in.lj and simpar interleaved on one pinned core")  # fmt: skip
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of --vs-lammps (best of)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds of --vs-lammps and --processes (best of)")  # fmt: skip
     ap.add_argument("--velocities", help="a LAMMPS dump of in.lj's step-0 velocities "
                     "(lammps_peer.initial_velocities; --vs-lammps makes one)")  # fmt: skip
+    ap.add_argument("--memory", action="store_true",
+                    help="memory_analysis() of each compiled chunk and its arrays")  # fmt: skip
     ap.add_argument("--coordinator", help=argparse.SUPPRESS)  # set for the worker processes
     ap.add_argument("--num-processes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
@@ -409,8 +411,11 @@ def main() -> None:
         return
     elif args.processes > 1:
         print(json.dumps({"benchmark": "LAMMPS in.lj, engines as processes",
-                          "jax": jax.__version__, **_processes(args)}, indent=1))  # fmt: skip
+                          "jax": jax.__version__, **processes(args, __file__)},
+                         indent=1))  # fmt: skip
         return
+    jax.block_until_ready(jnp.zeros(1) + 1)  # the backend is up: the RSS baseline
+    baseline = rss_mib()
     out = {
         "benchmark": "LAMMPS in.lj, single engine",
         "jax": jax.__version__,
@@ -429,9 +434,11 @@ def main() -> None:
         dtype = jnp.dtype(name)
         if not args.engines:
             out[name] = bench(dtype, args.cells, args.chunk, args.repeats, args.skin,
-                              args.every, args.check == "yes", args.velocities)  # fmt: skip
+                              args.every, args.check == "yes", args.velocities,
+                              args.memory)  # fmt: skip
             continue
-        res = bench_engines(args.engines.split(","), dtype, args.cells, args.chunk, args.repeats)
+        res = bench_engines(args.engines.split(","), dtype, args.cells, args.chunk, args.repeats,
+                            args.every, args.check == "yes", args.memory)  # fmt: skip
         for eng, r in res.items():
             print(name, eng, r, flush=True)
         if "single" in res:
@@ -440,6 +447,9 @@ def main() -> None:
         if args.split:
             res["single_time_split_s"] = time_split(dtype, args.cells)
         out[name] = res
+    peak = peak_rss_mib()
+    out["memory"] = {"baseline_rss_mib": baseline, "peak_rss_mib": peak,
+                     "peak_above_baseline_mib": peak - baseline}  # fmt: skip
     print(json.dumps(out, indent=1))
 
 

@@ -49,7 +49,8 @@ def _simulation(plan: LJPlan, ck: dict | None):
     cfg, n, cap, engine = plan.cfg, plan.n, plan.cap, plan.engine
     common = dict(dt=cfg["dt"], ensemble=cfg["ensemble"], kt=cfg["kt"], gamma=cfg["gamma"])
     build = dict(skin=cfg["skin"], step=plan.step0, max_neighbors=cfg["max_neighbors"],
-                 capacity_factor=cfg["capacity_factor"], mass=cfg["mass"], key=plan.key)  # fmt: skip
+                 capacity_factor=cfg["capacity_factor"], mass=cfg["mass"], key=plan.key,
+                 every=cfg["every"], check=cfg["check"])  # fmt: skip
     placement = None
     if engine == "sharded":
         placement = lambda tree: shard_particles(tree, plan.mesh[0], cap)  # noqa: E731
@@ -181,6 +182,8 @@ class LJRun(Run):
     def __init__(self, plan: LJPlan, ck):
         self.plan, self.cfg = plan, plan.cfg
         self.sim = _simulation(plan, ck)
+        # the neighbour policy (neighbors.every / check; a resumed single run gets it here)
+        self.sim.every, self.sim.check = self.cfg["every"], self.cfg["check"]
         self.desc = self.cfg["name"]
         self._snap = None
 
@@ -256,7 +259,9 @@ class LJRun(Run):
         attrs.update(dt=cfg["dt"], ensemble=cfg["ensemble"], potential=cfg["kind"],
                      cutoff=cfg["cutoff"], skin=cfg["skin"], n_atoms=np.int64(p.n),
                      velocity_seed=np.int64(-1 if seed is None else seed),
-                     noise_seed=np.int64(cfg["noise_seed"]))  # fmt: skip
+                     noise_seed=np.int64(cfg["noise_seed"]),
+                     neighbors_every=np.int64(cfg["every"]),
+                     neighbors_check=np.bool_(cfg["check"]))  # fmt: skip
         return h5md.H5MDWriter(
             path, p.n, boundary=[cfg["boundary"]] * 3, dtype=cfg["dtype"],
             velocity=cfg["write_velocity"], force=cfg["write_force"],

@@ -25,7 +25,12 @@ Config layout (every key optional unless marked; defaults in brackets)::
     cutoff = 2.5
     shift = false                # shift the energy to zero at the cutoff
     [neighbors]
-    skin = 0.3                   # rebuild when any atom moved > skin / 2
+    skin = 0.3                   # Verlet skin: the list holds pairs within cutoff + skin
+    every = 1                    # consider a rebuild only every N steps (int >= 1) [1]
+    check = true                 # rebuild only when an atom moved > skin / 2 [true]
+                                 # (LAMMPS neigh_modify every N check yes|no; the default,
+                                 # every 1 check true, is exact: no pair is ever missed;
+                                 # in.lj ships every 20 check false)
     max_neighbors = 0            # 0: measured; a too small value is regrown
     capacity_factor = 1.2        # head-room of measured / regrown capacities
     [integrator]
@@ -142,6 +147,8 @@ def read_config(root: Section) -> dict:
     cfg["skin"] = nb.get("skin", 0.3, min=0.0, exclusive_min=True)
     cfg["max_neighbors"] = nb.get("max_neighbors", 0, kind=int, min=0) or None
     cfg["capacity_factor"] = nb.get("capacity_factor", 1.2, min=1.0)
+    cfg["every"] = nb.get("every", 1, kind=object, check=_every_problem)
+    cfg["check"] = nb.get("check", True, kind=object, check=_check_problem)
     if init == "h5md" and cfg["boundary"] == "periodic":
         # the file's box against this run's cell grid (cutoff + skin): huge edges refused
         fr = cfg["restart"]
@@ -162,6 +169,26 @@ def read_config(root: Section) -> dict:
     cfg["write_velocity"] = o.get("velocity", True, kind=bool)
     cfg["write_force"] = o.get("force", False, kind=bool)
     return cfg
+
+
+def _every_problem(value) -> str | None:
+    """Why ``neighbors.every`` is not allowed (None when it is)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return (
+            f"must be an integer >= 1 (a rebuild is considered only after steps that are "
+            f"multiples of it; LAMMPS neigh_modify every N; 1 = every step), got {value!r}"
+        )
+    return None
+
+
+def _check_problem(value) -> str | None:
+    """Why ``neighbors.check`` is not allowed (None when it is)."""
+    if not isinstance(value, bool):
+        return (
+            "must be true or false (true: rebuild only when an atom moved more than skin / 2; "
+            f"false: at every considered step; LAMMPS neigh_modify check yes|no), got {value!r}"
+        )
+    return None
 
 
 MAX_THERMAL_STEP = 0.25  # sigma per step a typical atom may move; velocity Verlet fails beyond

@@ -18,7 +18,10 @@ ghosts from further away: hop ``j`` along an axis forwards the ghosts received a
 carries its wrapped position (for distances, with the minimum image, exactly as on one
 device) and its periodic image (shifted by the box length when it crosses the box edge;
 used only to bin it into the block's cell grid). The selected slot indices are kept;
-between rebuilds only the positions are re-sent by the same indices (``forward``).
+between rebuilds only the positions are re-sent by the same indices (``forward``). Along
+an axis of 2 devices both neighbours are the other device: both directions then travel in
+one ``ppermute`` (``_exchange``), halving the collectives, each a synchronisation point
+between processes.
 
 Migration (``migrate``, at each rebuild): atoms outside their sub-box go one hop per axis to
 the owning neighbour, the owned buffer is compacted and sorted by id (a deterministic slot
@@ -79,6 +82,26 @@ def _send(comm, a: int, direction: int, x):
     return comm.shift(x, a, direction) if _extent(comm, a) > 1 else x
 
 
+def _one_peer(comm, a: int) -> bool:
+    """Whether both neighbours along axis ``a`` are the same device (2 devices, periodic)."""
+    grid = getattr(comm, "grid", None)
+    return _extent(comm, a) == 2 and grid is not None and bool(grid.periodic[a])
+
+
+def _exchange(comm, a: int, down, up):
+    """``down`` moved to the lower and ``up`` to the upper neighbour along axis ``a``:
+    returns (received from the upper neighbour, received from the lower one), each a tuple
+    of arrays like ``down`` / ``up``. With 2 devices on a periodic axis both neighbours are
+    the other device, so both directions travel in one ``ppermute`` per array (half the
+    collectives, each a synchronisation point between processes); the data are the same."""
+    if not _one_peer(comm, a):
+        return (tuple(_send(comm, a, -1, x) for x in down),
+                tuple(_send(comm, a, +1, x) for x in up))  # fmt: skip
+    both = [_send(comm, a, -1, jnp.concatenate([x, y])) for x, y in zip(down, up, strict=True)]
+    return (tuple(b[: x.shape[0]] for b, x in zip(both, down, strict=True)),
+            tuple(b[x.shape[0] :] for b, x in zip(both, down, strict=True)))  # fmt: skip
+
+
 def migrate(spec: DomainSpec, comm, box, pos, vel, mass, ref, ids):
     """Move atoms whose ``ref`` lies outside this sub-box one hop per axis to its owner;
     compact and sort the slots by id.
@@ -102,12 +125,15 @@ def migrate(spec: DomainSpec, comm, box, pos, vel, mass, ref, ids):
         up = valid & (d == 1)
         down = valid & (d == n - 1) & ~up
         far = far | jnp.any(valid & (d != 0) & ~up & ~down)
-        parts, part_ids = [payload], [jnp.where(up | down, -1, ids)]
+        out = {}
         for mask, direction in ((up, +1), (down, -1)):
             idx, cnt = _select(mask, spec.migrate)
             need = jnp.maximum(need, cnt)
-            parts.append(_send(comm, a, direction, _take(payload, idx)))
-            part_ids.append(_send(comm, a, direction, _take(ids, idx, -1)))
+            out[direction] = (_take(payload, idx), _take(ids, idx, -1))
+        from_up, from_down = _exchange(comm, a, out[-1], out[+1])
+        # the order of the old code: kept, then arrivals from below, then from above
+        parts = [payload, from_down[0], from_up[0]]
+        part_ids = [jnp.where(up | down, -1, ids), from_down[1], from_up[1]]
         allp, alli = jnp.concatenate(parts), jnp.concatenate(part_ids)
         count = jnp.sum(alli >= 0, dtype=jnp.int32)
         order = jnp.argsort(jnp.where(alli >= 0, alli, _BIG))[:cap]
@@ -157,7 +183,7 @@ def borders(spec: DomainSpec, comm, box, ref, ids):
         for _ in range(spec.hops[a]):
             n_ext = e_ids.shape[0]
             x = e_img[:, a]
-            recv = []
+            packets = []
             for k, direction in enumerate((-1, +1)):
                 cap = spec.send[len(sends)]
                 mask = (e_ids >= 0) & ((x < lo + rl) if direction < 0 else (x >= hi - rl))
@@ -172,11 +198,9 @@ def borders(spec: DomainSpec, comm, box, ref, ids):
                 wraps = (c == 0) if direction < 0 else (c == n - 1)
                 shift = jnp.where(wraps, -direction * length, 0.0).astype(e_img.dtype)
                 img = _take(e_img, idx).at[:, a].add(shift)
-                packet = jnp.concatenate([_take(e_ref, idx), img], axis=1)
-                packet = _send(comm, a, direction, packet)
-                recv.append(
-                    (packet[:, :3], packet[:, 3:], _send(comm, a, direction, _take(e_ids, idx, -1)))
-                )
+                packets.append((jnp.concatenate([_take(e_ref, idx), img], axis=1),
+                                _take(e_ids, idx, -1)))  # fmt: skip
+            recv = [(p[:, :3], p[:, 3:], i) for p, i in _exchange(comm, a, *packets)]
             down = recv[0][2].shape[0]
             prev = ((n_ext, down), (n_ext + down, recv[1][2].shape[0]))
             e_ref = jnp.concatenate([e_ref] + [r[0] for r in recv])
@@ -192,9 +216,8 @@ def forward(spec: DomainSpec, comm, sends, pos):
         if sends[i].shape[0] + sends[i + 1].shape[0] == 0:
             continue  # an axis without ghosts
         a = spec.stages[i][0]
-        recv = [_send(comm, a, direction, _take(ext, sends[i + k]))
-                for k, direction in enumerate((-1, +1))]  # fmt: skip
-        ext = jnp.concatenate([ext] + recv)
+        (lo,), (hi,) = _exchange(comm, a, (_take(ext, sends[i]),), (_take(ext, sends[i + 1]),))
+        ext = jnp.concatenate([ext, lo, hi])
     return ext[pos.shape[0] :]
 
 

@@ -12,9 +12,19 @@ to twice the pair work there but needing no reverse force communication (one exc
 step). Rows are sorted by global id, so each atom's force is summed in the same order as on
 one device: in float64 without FMA the decomposed trajectory equals ``single``'s bitwise.
 
-At each rebuild (exact policy: any atom moved more than ``skin / 2``, reduced over all
-devices so every device rebuilds together) atoms migrate, then ghosts and the neighbour list
-are rebuilt. Langevin noise is drawn for every atom of the system from the replicated key
+At each rebuild atoms migrate, then ghosts and the neighbour list are rebuilt. When to
+rebuild is the run's neighbour policy (``step.Provider``: LAMMPS's ``every N check yes|no``;
+the default is the exact one, any atom moved more than ``skin / 2``), decided from values
+reduced over all devices (the step counter, the largest displacement), so every device
+rebuilds together and at the steps ``single`` does. Any policy keeps the ghost slab exact:
+ghosts are selected anew at every build from the positions at that build, the list holds
+the pairs within cutoff + skin *at the build* (the owned atoms are inside the sub-box then,
+so each partner lies in the slab), and between builds the list and the ghost set are fixed
+while the ghosts' positions follow, whatever distance the atoms travel. A longer policy
+misses the same pairs as on one device (LAMMPS's "dangerous builds"), no more. What it
+changes is how far an atom may travel between builds: a migrating atom moves one sub-box
+per axis, so one that crossed a whole sub-box since the last build stops the run with
+"lost atoms" (as in LAMMPS), and more atoms migrate per build (a repairable overflow). Langevin noise is drawn for every atom of the system from the replicated key
 and picked by id, so a seed gives the same trajectory on every mesh.
 
 Nothing is lost: owned, migration, send and neighbour capacities are static; any overflow
@@ -95,17 +105,25 @@ class DomainLists(NamedTuple):
     n_builds: jax.Array
 
 
+def build_block() -> int:
+    """Neighbour-build rows per pass for the default backend: ``neighbors.BUILD_BLOCK_CPU``
+    on CPU (as ``neighbors.allocate`` for ``single``), 4,096 on accelerators."""
+    return neighbors.BUILD_BLOCK_CPU if jax.default_backend() == "cpu" else 4096
+
+
 def make_spec(grid: DeviceGrid, box, n_atoms: int, *, cutoff: float, skin: float,
               capacity: int, migrate: int, send, max_neighbors: int, column_capacity: int,
-              block: int = 4096) -> DomainSpec:  # fmt: skip
+              block: int | None = None) -> DomainSpec:  # fmt: skip
     """The static layout for given capacities (``cell_layout``'s ghost axes and cells).
 
     Args:
       grid: the device grid; box: float[3] box lengths (sigma); n_atoms: atoms in the system.
       cutoff, skin: interaction cutoff and Verlet skin (sigma).
       capacity, migrate, send, max_neighbors, column_capacity: the capacities (``send`` one
-        per ghost stage, or one for all); block: neighbour-build rows at once.
+        per ghost stage, or one for all); block: neighbour-build rows at once (None:
+        ``build_block()``; the list does not depend on it).
     """
+    block = build_block() if block is None else int(block)
     radius = float(cutoff) + float(skin)
     ghost_axes, cells, reach, width, _ = caps.cell_layout(grid.shape, box, radius)
     hops = caps.ghost_hops(grid.shape, box, radius, ghost_axes)
@@ -181,9 +199,11 @@ def _relist(spec: DomainSpec, comm, space: Space, state: DomainState, lists: Dom
     return s, new
 
 
-def domain_provider(spec: DomainSpec, comm, space: Space) -> Provider:
+def domain_provider(spec: DomainSpec, comm, space: Space,
+                    policy: tuple[int, bool] = (1, True)) -> Provider:  # fmt: skip
     """The neighbour provider of the decomposed engines: owned atoms + ghosts over ``comm``,
-    migration and a new list at each rebuild, ghost positions forwarded between builds."""
+    migration and a new list at each rebuild, ghost positions forwarded between builds;
+    ``policy``: the static ``(every, check)`` neighbour policy (``step.Provider``)."""
 
     def refresh(s, lists, _init):
         return s, lists._replace(ghost_position=ghosts.forward(spec, comm, lists.sends,
@@ -199,6 +219,8 @@ def domain_provider(spec: DomainSpec, comm, space: Space) -> Provider:
         rebuild=functools.partial(_relist, spec, comm, space),
         refresh=refresh,
         others=lambda s, lists: jnp.concatenate([s.position, lists.ghost_position]),
+        every=int(policy[0]),
+        check=bool(policy[1]),
     )
 
 
@@ -210,14 +232,16 @@ def forces_block(spec, comm, space, pot, state: DomainState, lists: DomainLists)
     return state._replace(force=f, e_pair=comm.psum(e), virial=comm.psum(w))
 
 
-def chunk_block(ensemble, spec, comm, space, pot, params, state, lists, n_steps, init):
+def chunk_block(ensemble, spec, comm, space, pot, params, state, lists, n_steps, init,
+                policy=(1, True)):  # fmt: skip
     """Up to ``n_steps`` steps of one block (``step.md_step``), stopping at the first error.
 
     With ``init`` (a traced bool) an extra first iteration rebuilds the ghosts, the
     neighbour list and the forces of a state laid out by ``distribute`` (``lists`` may
     then be ``empty_lists``). The pair energy and virial are refreshed at the end.
+    ``policy``: static ``(every, check)`` (``step.Provider``; default the exact policy).
     """
-    prov = domain_provider(spec, comm, space)
+    prov = domain_provider(spec, comm, space, policy)
     step_fn = functools.partial(md_step, ensemble, space, pot, params, prov)
     state, lists = run_steps(step_fn, state, lists, n_steps, init=init)
     return forces_block(spec, comm, space, pot, state, lists)._replace(force=state.force), lists

@@ -16,13 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simpar.errors import ConfigError
+from simpar.errors import ConfigError, SimulationError
 from simpar.parallel import blocks
 from simpar.parallel.capacity import DomainSpec, check_mesh, grow, guess, round8
 from simpar.parallel.domain import _Mapper
 from simpar.parallel.ghosts import collect, distribute
 from simpar.parallel.topology import DeviceGrid
-from simpar.particles import md
+from simpar.particles import error_codes, md
 from simpar.particles.decomposed import (
     DomainLists,
     DomainState,
@@ -37,7 +37,8 @@ from simpar.particles.step import Regrowing
 
 __all__ = ["DomainSimulation", "check_mesh", "make_domain_simulation"]
 
-_COMPILED: dict = {}  # (name, engine, devices, grid, spec, ensemble) -> mapped program
+_LOST = error_codes.names(error_codes.LOST)[0]
+_COMPILED: dict = {}  # (name, engine, devices, grid, spec, ensemble, policy) -> program
 
 
 @dataclasses.dataclass
@@ -49,6 +50,8 @@ class DomainSimulation(Regrowing):
       spec: static layout (regrown on overflow); state, lists: device arrays with a
         leading device axis.
       regrows: capacity repairs so far; builds: neighbour builds so far.
+      every, check: the neighbour policy (``step.Provider``: LAMMPS's ``neigh_modify every
+        N check yes|no``; default the exact skin/2 check after every step).
     """
 
     engine: str
@@ -64,6 +67,8 @@ class DomainSimulation(Regrowing):
     regrows: int = 0
     builds: int = 0
     max_regrows: int = 20
+    every: int = 1
+    check: bool = True
     _fns: dict = dataclasses.field(default_factory=lambda: _COMPILED)
     _pending: dict | None = None  # global arrays to lay out at the next chunk
     _base: int = 0  # the list's build count at the start of the last chunk
@@ -73,14 +78,14 @@ class DomainSimulation(Regrowing):
         # shared by every run with the same engine, devices, layout and ensemble: a new
         # run (or a test) with an equal layout reuses the compiled program
         k = (name, self.engine, tuple(self.mapper.devices), self.mapper.grid, self.spec,
-             self.ensemble)  # fmt: skip
+             self.ensemble, self.every, self.check)  # fmt: skip
         if k not in self._fns:
             comm, spec, m = self.mapper.comm, self.spec, self.mapper
             if name == "chunk":
-                ens = self.ensemble
+                ens, policy = self.ensemble, (self.every, self.check)
 
                 def fn(s, nb, sp, pot, par, n, init):
-                    return chunk_block(ens, spec, comm, sp, pot, par, s, nb, n, init)
+                    return chunk_block(ens, spec, comm, sp, pot, par, s, nb, n, init, policy)
 
                 self._fns[k] = m.map(fn, 2, 5)
             elif name == "thermo":
@@ -88,8 +93,12 @@ class DomainSimulation(Regrowing):
         return self._fns[k]
 
     def _first(self, x):
-        """Device 0's value of a replicated per-device leaf (host)."""
-        return np.asarray(self.mapper.get(x)).reshape((-1,) + np.shape(x)[1:])[0]
+        """The value of a leaf replicated over the devices (error bits, needs, build count,
+        step, thermo: reduced over all devices), read from this process's first device: no
+        gather across processes (a synchronisation per call) on the chunk loop's path."""
+        shards = getattr(x, "addressable_shards", None)
+        local = shards[0].data if shards else self.mapper.get(x)
+        return np.asarray(local).reshape((-1,) + np.shape(x)[1:])[0]
 
     # layout -------------------------------------------------------------------------------
     def global_state(self, state=None) -> dict:
@@ -169,9 +178,22 @@ class DomainSimulation(Regrowing):
 
         Raises:
           SimulationError: lost atoms, or capacities still overflowing after
-            ``max_regrows`` regrows (``error_codes.decode``).
+            ``max_regrows`` regrows (``error_codes.decode``); under a policy other than the
+            exact one, lost atoms name the policy as the likely cause.
         """
-        self._advance(n_steps)
+        try:
+            self._advance(n_steps)
+        except SimulationError as err:
+            if (self.every, self.check) == (1, True) or _LOST not in err.reason:
+                raise
+            policy = f"neighbors.every = {self.every}, neighbors.check = {str(self.check).lower()}"
+            hint = (
+                f"under the policy {policy} an atom may travel further than one sub-box "
+                "between two neighbour builds, and migrating atoms move one sub-box per axis: "
+                "use a smaller neighbors.every, neighbors.check = true, or fewer devices "
+                f"along the thin axis; or {err.hint}"
+            )
+            raise SimulationError(err.step, err.reason, hint, err.checkpoint) from None
 
     def thermo(self) -> dict[str, float]:
         """Current thermo values (``observables.thermo`` keys) as Python floats."""
@@ -229,6 +251,8 @@ def make_domain_simulation(
     devices=None,
     max_neighbors: int | None = None,
     restore: dict | None = None,
+    every: int = 1,
+    check: bool = True,
 ) -> DomainSimulation:
     """Set up a decomposed run (periodic box), like ``md.make_simulation``.
 
@@ -244,15 +268,22 @@ def make_domain_simulation(
       restore: global arrays in atom-id order as from ``DomainSimulation.global_state``
         (a checkpoint, from any mesh or engine): the run continues from them (``position``
         and ``velocity`` are then ignored), bit for bit on the same mesh.
+      every, check: LAMMPS's ``neigh_modify every N check yes|no`` (``step.Provider``); the
+        default, 1 and True, is the exact policy. Every policy follows ``single`` bitwise.
       Others as in ``md.make_simulation``.
 
     Raises:
       ConfigError: a sub-box thinner than cutoff + skin or too few devices.
+      ValueError: an unknown ensemble or a bad ``every`` / ``check``.
     """
     if not space.periodic:
         raise ConfigError("system.boundary", "domain decomposition needs a periodic box")
     if ensemble not in md.ENSEMBLES:
         raise ValueError(f"ensemble must be one of {md.ENSEMBLES}, got {ensemble!r}")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an integer >= 1 (steps), got {every!r}")
+    if not isinstance(check, bool):
+        raise ValueError(f"check must be True or False, got {check!r}")
     mesh = tuple(int(m) for m in mesh)
     grid = DeviceGrid(mesh, (True,) * len(mesh))
     devices = list(devices) if devices is not None else jax.devices()
@@ -287,7 +318,8 @@ def make_domain_simulation(
     spec = make_spec(grid, box, n, cutoff=float(pot.cutoff), skin=skin, **caps)
     mapper = _Mapper(engine, grid, devices[: grid.size])
     sim = DomainSimulation(engine, ensemble, space, pot, md.make_params(dt, kt, gamma, dtype),
-                           spec, mapper, capacity_factor=capacity_factor)  # fmt: skip
+                           spec, mapper, capacity_factor=capacity_factor, every=every,
+                           check=check)  # fmt: skip
     sim.load(g)
     sim.builds = 1
     return sim

@@ -1,0 +1,109 @@
+"""Helpers of ``bench_md.py``: pinned multi-process jobs, interleaved rounds, memory figures.
+
+``processes(args, script)`` runs ``bench_md.py``'s engines as ``--processes N`` processes of
+one CPU device each (``jax.distributed``, gloo, like N MPI ranks), each pinned to its own core
+with ``os.sched_setaffinity`` before it starts, against one pinned 1-device process, in
+interleaved rounds (1 process, N processes, 1, N, ...), keeping each job's best, and records
+the load average before every job: on a shared machine such figures are only indicative.
+
+``rss_mib`` / ``memory_report`` give the peak resident memory above the Python + JAX baseline
+(RSS once the backend is up, before any system is built) and the sizes XLA reports for a
+compiled chunk (``compiled.memory_analysis()``: arguments, outputs, temporaries, code).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+
+
+def pinner(cpus: set[int]):
+    """A ``preexec_fn`` pinning the child to ``cpus`` before it starts (its threads inherit it;
+    ``XLA_FLAGS`` thread limits did not hold XLA to one core, affinity does)."""
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def rss_mib() -> float:
+    """Current resident set size of this process (MiB; Linux ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (MiB; ``ru_maxrss`` is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory_report(compiled) -> dict:
+    """MiB of a compiled program's buffers (``compiled.memory_analysis()``): arguments,
+    outputs, temporaries (the peak of the live intermediates), generated code."""
+    m = compiled.memory_analysis()
+    names = ("argument", "output", "alias", "temp", "generated_code")
+    return {
+        f"{k}_mib": getattr(m, f"{k}_size_in_bytes") / 2**20
+        for k in names
+        if hasattr(m, f"{k}_size_in_bytes")
+    }
+
+
+def _job(args, script: str, n: int, engines: str, cores: list[int]) -> dict:
+    """One benchmark job: ``n`` pinned processes of ``script``; process 0's JSON with the
+    affinity and peak RSS of every process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, script, "--cells", str(args.cells), "--chunk", str(args.chunk),
+           "--repeats", str(args.repeats), "--skin", str(args.skin), "--dtypes", args.dtypes,
+           "--engines", engines, "--every", str(args.every), "--check", args.check,
+           "--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n)]  # fmt: skip
+    if args.memory:
+        cmd.append("--memory")
+    procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ),
+                              preexec_fn=pinner({cores[i % len(cores)]}))  # fmt: skip
+             for i in range(n)]  # fmt: skip
+    outs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"a benchmark process failed: {[p.returncode for p in procs]}")
+    res = [json.loads(o[o.index("{\n") :]) for o in outs]
+    return {**res[0], "affinity": [r["affinity"] for r in res],
+            "memory_per_process": [r["memory"] for r in res]}  # fmt: skip
+
+
+def processes(args, script: str) -> dict:
+    """``--processes N``: ``single`` (and the engines listed with ``:1``, e.g. ``shard_map:1``,
+    the decomposed code on one device) as one pinned process against the other listed
+    engines as N pinned 1-device processes, ``--rounds`` times interleaved; per engine the
+    best chunk over the rounds."""
+    cores = sorted(os.sched_getaffinity(0))
+    listed = [e for e in args.engines.split(",") if e]
+    one = ",".join(["single"] + [e for e in listed if e.endswith(":1")])
+    many_engines = ",".join(e for e in listed if e != "single" and not e.endswith(":1"))
+    best: dict = {}
+    loads, memory = [], {}
+    for _ in range(args.rounds):
+        for n, engines in ((1, one), (args.processes, many_engines)):
+            loads.append(os.getloadavg())
+            res = _job(args, script, n, engines, cores)
+            memory[n] = res["memory_per_process"]
+            for name in args.dtypes.split(","):
+                for eng, r in res[name].items():
+                    key = (name, eng if n == 1 else f"{eng}x{n}proc")
+                    if key not in best or r["atom_steps_per_s"] > best[key]["atom_steps_per_s"]:
+                        best[key] = {**r, "affinity": res["affinity"]}
+    out = {"processes": args.processes, "devices_per_process": 1, "rounds": args.rounds,
+           "cores_available": cores, "oversubscribed": args.processes > len(cores),
+           "neighbor_policy": {"every": args.every, "check": args.check},
+           "load_average_before_each_job": loads,
+           "memory_per_process_last_round": {str(k): v for k, v in memory.items()}}  # fmt: skip
+    for name in args.dtypes.split(","):
+        res = {eng: r for (dt, eng), r in best.items() if dt == name}
+        for r in res.values():
+            r["ratio_to_single"] = r["atom_steps_per_s"] / res["single"]["atom_steps_per_s"]
+        out[name] = res
+    return out
