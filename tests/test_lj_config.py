@@ -85,7 +85,11 @@ def test_policy_reaches_every_engine_and_the_file(tmp_path):
     np.testing.assert_array_equal(pos["shard_map"], pos["single"])
 
 
-@pytest.mark.parametrize(("engine", "mesh"), [("single", None), ("shard_map", (2,))], ids=str)
+@pytest.mark.parametrize(
+    ("engine", "mesh"),
+    [("single", None), pytest.param("shard_map", (2,), marks=pytest.mark.slow)],
+    ids=str,
+)
 def test_policy_resume_equals_uninterrupted(tmp_path, engine, mesh):
     """``every = 7``, ``check = false``: builds at steps 7, 14, 21, ... counted from step 0,
     so a run stopped at step 20 (between two builds) and resumed to 40 gives the

@@ -100,7 +100,7 @@ def _policy_reference(every, check):
     ("every", "check", "engine", "mesh"),
     [
         (20, False, "shard_map", (2,)),
-        (2, True, "pmap", (2,)),
+        pytest.param(2, True, "pmap", (2,), marks=pytest.mark.slow),  # fast tier: one case
         pytest.param(20, False, "pmap", (2, 2, 2), marks=pytest.mark.slow),
         pytest.param(2, True, "shard_map", (2, 2, 2), marks=pytest.mark.slow),
     ],
@@ -125,6 +125,7 @@ def test_neighbour_policy_equals_single(every, check, engine, mesh):
     assert sim.error == 0 and sim.step == STEPS
 
 
+@pytest.mark.slow
 def test_policy_that_loses_atoms_names_itself():
     """256 atoms melting from T = 3 on 7 slabs of 0.96 sigma with a build every 250 steps:
     an atom crosses a whole slab between two builds, which migration (one sub-box per axis)

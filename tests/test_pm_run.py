@@ -242,6 +242,7 @@ def test_migration_overflow_stops_the_run_naming_pm_migrate(tmp_path):
     assert code == 1 and "pm.migrate" in err and "Last good output" in err, err
 
 
+@pytest.mark.slow
 def test_chunk_sizes_do_not_change_the_results_and_resume_keeps_the_cadence(
     tmp_path, monkeypatch, single
 ):
