@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
+from simpar.memory import release_free_memory
 from simpar.parallel.distributed import to_host
 from simpar.particles import error_codes, neighbors, observables
 from simpar.particles.forces import ROW_BLOCK_CPU as ROW_BLOCK_CPU  # former home: re-exported
@@ -283,6 +284,7 @@ class Simulation(Regrowing):
           SimulationError: capacities still overflowing after ``max_regrows`` regrows.
         """
         self._advance(n_steps)
+        release_free_memory()  # a chunk's (re)compilation frees ~100 MB the C heap keeps
         return self.state
 
     def thermo(self) -> dict[str, float]:
@@ -399,4 +401,6 @@ def make_simulation(
                      every=every, check=check)  # fmt: skip
     sim.nbrs = sim._repair(nbrs)
     sim.state = jax.jit(compute_forces, static_argnums=0)(sim.spec, space, pot, state, sim.nbrs)
+    jax.block_until_ready(sim.state)
+    release_free_memory()  # set-up's freed compiler memory (``simpar.memory``)
     return sim
