@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
+from simpar.memory import release_free_memory
 
 BASIS = {
     "fcc": np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]]),
@@ -88,4 +89,11 @@ def maxwell_boltzmann(key, n: int, temperature: float, mass=1.0, valid=None, dty
     if temperature == 0:
         return jnp.zeros_like(v)
     t_now = kinetic_temperature(v, m, valid)
-    return v * jnp.sqrt(jnp.asarray(temperature, dtype) / t_now)
+    v = v * jnp.sqrt(jnp.asarray(temperature, dtype) / t_now)
+    # the first draw of a process compiles threefry (~30 MB of compiler memory, freed but kept
+    # by the C heap): hand it back so that later stages' peaks do not stack on it.
+    # (One jitted program would keep fewer executables, but its fused sums differ in the last
+    # bit from these eager ones at some sizes, e.g. 33,333 atoms, so the draw stays eager.)
+    jax.block_until_ready(v)
+    release_free_memory()
+    return v

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
+from simpar.memory import release_free_memory
 from simpar.parallel.distributed import to_host
 from simpar.particles import error_codes, neighbors, observables
 from simpar.particles.forces import ROW_BLOCK_CPU as ROW_BLOCK_CPU  # former home: re-exported
@@ -217,6 +218,7 @@ class Simulation(Regrowing):
     max_regrows: int = 10
     every: int = 1
     check: bool = True
+    _compiled: set = dataclasses.field(default_factory=set, repr=False)  # chunk layouts built
 
     def _rebuild(self, state):
         nbrs = jax.jit(neighbors.build, static_argnums=0)(
@@ -228,10 +230,17 @@ class Simulation(Regrowing):
 
     # the regrow loop's hooks (step.Regrowing) ---------------------------------------------
     def _chunk(self, n_steps: int):
-        return run_chunk(self.ensemble, self.spec, self.space, self.pot, self.params,
-                         self.state, self.nbrs, jnp.int32(n_steps),
-                         block=row_block(self.state.position),
-                         policy=(self.every, self.check))  # fmt: skip
+        args = (self.space, self.pot, self.params, self.state, self.nbrs, jnp.int32(n_steps))
+        kw = dict(block=row_block(self.state.position), policy=(self.every, self.check))
+        key = (self.ensemble, self.spec, kw["block"], kw["policy"])
+        if key not in self._compiled:
+            # compile ahead of the first call and hand the compiler's freed memory back before
+            # the chunk allocates its buffers (the call below finds the compiled program): on
+            # in.lj the peak RSS drops by ~70 MiB (experiments/bench_md_memory.py)
+            run_chunk.lower(self.ensemble, self.spec, *args, **kw).compile()
+            release_free_memory()
+            self._compiled.add(key)
+        return run_chunk(self.ensemble, self.spec, *args, **kw)
 
     def _error(self, nbrs) -> int:
         return int(np.asarray(nbrs.error))
@@ -283,6 +292,7 @@ class Simulation(Regrowing):
           SimulationError: capacities still overflowing after ``max_regrows`` regrows.
         """
         self._advance(n_steps)
+        release_free_memory()  # a chunk's (re)compilation frees ~100 MB the C heap keeps
         return self.state
 
     def thermo(self) -> dict[str, float]:
@@ -399,4 +409,6 @@ def make_simulation(
                      every=every, check=check)  # fmt: skip
     sim.nbrs = sim._repair(nbrs)
     sim.state = jax.jit(compute_forces, static_argnums=0)(sim.spec, space, pot, state, sim.nbrs)
+    jax.block_until_ready(sim.state)
+    release_free_memory()  # set-up's freed compiler memory (``simpar.memory``)
     return sim

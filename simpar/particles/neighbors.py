@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar.memory import release_free_memory
 from simpar.particles import error_codes
 from simpar.particles.space import Space, displacement
 
@@ -458,7 +459,11 @@ def allocate(
     idx = nbrs.idx[:, :m]
     if idx.shape[1] < m:
         idx = jnp.pad(idx, ((0, 0), (0, m - idx.shape[1])), constant_values=n)
-    return spec, nbrs._replace(idx=idx)
+    nbrs = jax.block_until_ready(nbrs._replace(idx=idx))
+    # compiling and running the sizing builds frees ~60 MB on in.lj that the C heap would
+    # keep: hand it back so that the chunk's compilation does not stack on it
+    release_free_memory()
+    return spec, nbrs
 
 
 def regrow(

@@ -1,0 +1,69 @@
+"""``simpar.memory.release_free_memory`` and ``current_rss_mib``: the C heap's freed pages go
+back to the system on Linux/glibc; elsewhere a no-op that says so."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from simpar import memory
+
+
+def test_release_free_memory_returns_bool_and_keeps_live_data():
+    keep = [bytes([i % 251]) * 4096 for i in range(2000)]  # live data must survive a trim
+    junk = [bytearray(4096) for _ in range(20000)]  # ~80 MB of small blocks, then freed
+    del junk
+    got = memory.release_free_memory()
+    assert isinstance(got, bool)
+    if sys.platform.startswith("linux") and memory._malloc_trim() is not None:
+        assert got, "glibc kept 80 MB of freed small blocks"
+    assert all(b == bytes([i % 251]) * 4096 for i, b in enumerate(keep))
+
+
+def test_release_free_memory_is_a_no_op_without_glibc(monkeypatch):
+    monkeypatch.setattr(memory, "_LIBC", [None])  # as on macOS or a libc without malloc_trim
+    assert memory.release_free_memory() is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_current_rss_is_positive_and_below_the_peak():
+    now = memory.current_rss_mib()
+    assert 0 < now <= memory.peak_memory_mib() + 1.0
+
+
+def test_md_chunk_compiled_ahead_once_and_same_trajectory():
+    """``md.Simulation`` compiles its chunk ahead of the first call (to release the compiler's
+    memory before the chunk's buffers exist): one backend compilation, not two, and the same
+    trajectory as the plain jitted call."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax._src import dispatch, monitoring
+
+    from simpar.particles import lattice, md, potentials, space
+
+    f64 = jnp.float64
+    r, box = lattice.cubic_lattice("fcc", 0.8442, (4, 4, 5), f64)  # a layout no other test uses
+    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(3), r.shape[0], 1.44, dtype=f64)
+    spc = space.periodic(box, f64)
+    pot = potentials.lennard_jones(cutoff=2.5, dtype=f64)
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005, skin=0.3)
+    start = (sim.state, sim.nbrs)
+    compiles = []
+
+    def listen(event, duration, **_):
+        if event == dispatch.BACKEND_COMPILE_EVENT:
+            compiles.append(duration)
+
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        sim.advance(7)
+    finally:
+        monitoring.unregister_event_duration_listener(listen)
+    assert len(compiles) == 1, f"{len(compiles)} backend compilations of the first chunk"
+    state, nbrs = md.run_chunk(sim.ensemble, sim.spec, sim.space, sim.pot, sim.params, *start,
+                               jnp.int32(7), block=md.row_block(start[0].position))  # fmt: skip
+    assert np.array_equal(np.asarray(state.position), np.asarray(sim.state.position))
+    assert np.array_equal(np.asarray(state.velocity), np.asarray(sim.state.velocity))
+    assert int(nbrs.n_builds) == int(sim.nbrs.n_builds)
