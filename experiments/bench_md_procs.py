@@ -84,6 +84,10 @@ def processes(args, script: str) -> dict:
     listed = [e for e in args.engines.split(",") if e]
     one = ",".join(["single"] + [e for e in listed if e.endswith(":1")])
     many_engines = ",".join(e for e in listed if e != "single" and not e.endswith(":1"))
+    if not many_engines:
+        print("bench_md.py: --processes needs --engines naming the engines to run as processes, "
+              "e.g. --engines single,shard_map:1,shard_map:2", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     best: dict = {}
     loads, memory = [], {}
     for _ in range(args.rounds):
