@@ -58,6 +58,7 @@ def _config(tmp_path, every, check, steps=40):
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_policy_reaches_every_engine_and_the_file(tmp_path):
     """``every = 4``, ``check = false`` on 512 atoms for 40 steps: 10 rebuilds after the
     first build (the exact policy needs about 5 here) on ``single``, ``sharded`` (8

@@ -164,6 +164,7 @@ def _melt(**kw):
     return md.make_simulation(space.periodic(box, jnp.float64), pot, r, v, dt=0.005, **kw)
 
 
+@pytest.mark.slow
 def test_neighbor_policy_every_check():
     """LAMMPS's ``every N check no`` rebuilds exactly after steps N, 2N, ...; ``every N check
     yes`` only there and only when needed; the defaults are the exact policy."""

@@ -32,6 +32,7 @@ def test_current_rss_is_positive_and_below_the_peak():
     assert 0 < now <= memory.peak_memory_mib() + 1.0
 
 
+@pytest.mark.slow
 def test_md_chunk_compiled_ahead_once_and_same_trajectory():
     """``md.Simulation`` compiles its chunk ahead of the first call (to release the compiler's
     memory before the chunk's buffers exist): one backend compilation, not two, and the same

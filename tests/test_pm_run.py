@@ -134,6 +134,7 @@ def test_plane_wave_experiment_follows_cosh_until_shell_crossing(tmp_path):
     assert time[-1] == pytest.approx(3.0) and max(errs) < 0.01
 
 
+@pytest.mark.slow
 def test_cosmic_web_grows_structure_and_plot_draws_the_projected_density(tmp_path):
     """pm_cosmic_web.toml at 16^3 particles / mesh to t = 5: the projected density's
     max/mean grows at least 3-fold (measured 1.0 -> 25.5) and the PNG is written."""
