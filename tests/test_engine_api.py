@@ -31,7 +31,14 @@ def _problem():
     return model, params, u0
 
 
-@pytest.mark.parametrize("engine,mesh", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(  # fast tier: single and sharded; every engine in the full suite
+    "engine,mesh",
+    [
+        c if c[0] in ("single", "sharded") else pytest.param(*c, marks=pytest.mark.slow)
+        for c in CASES
+    ],
+    ids=[c[0] for c in CASES],
+)
 def test_reused_state_gives_the_same_result_twice(engine, mesh):
     model, params, u0 = _problem()
     e = make_engine(engine, model, SHAPE, mesh, 2)
@@ -54,7 +61,9 @@ def _ensemble_engine(engine, mesh):
     return e, p2, np.stack([u0, 1 - u0])
 
 
-@pytest.mark.parametrize("ensemble", [False, True], ids=["engine", "ensemble"])
+@pytest.mark.parametrize(
+    "ensemble", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["engine", "ensemble"]
+)
 @pytest.mark.parametrize("engine,mesh", CASES, ids=[c[0] for c in CASES])
 def test_reusing_a_donated_state_raises_a_python_error(engine, mesh, ensemble):
     # JAX has killed the interpreter (segmentation fault) on a reused donated buffer under

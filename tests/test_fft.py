@@ -20,9 +20,9 @@ from simpar.parallel.hlo import collectives, count
 
 MESHES = [(8,), (2, 4), (4, 2), (2, 2, 2), (1, 8)]
 # 2-D (4, 2) runs the same program as 2-D (2, 4) (every axis split); it is left out for time
-_FAST = {(8,), (2, 4), (2, 2, 2)}  # the other meshes run in the slow tier (full suite)
-CASES = [
-    pytest.param(shape, m, marks=() if m in _FAST else pytest.mark.slow)
+_FAST_CASES = {(3, (2, 2, 2)), (2, (2, 4))}  # the other cases run in the slow tier (full suite)
+CASES = [  # fast tier: the pencil (2, 2, 2) in 3-D and (2, 4) in 2-D; every mesh in the full suite
+    pytest.param(shape, m, marks=() if (len(shape), m) in _FAST_CASES else pytest.mark.slow)
     for shape, meshes in (((16, 16, 16), MESHES), ((32, 32), [(8,), (2, 4), (1, 8)]))
     for m in meshes
 ]
@@ -109,7 +109,12 @@ def test_fourier_layout_is_documented():
 
 @pytest.mark.parametrize("real", [False, True], ids=["c2c", "r2c"])
 @pytest.mark.parametrize(
-    "shape,mesh", [((16, 16, 16), (8,)), ((16, 16, 16), (2, 4)), ((32, 32), (2, 4))]
+    "shape,mesh",
+    [
+        pytest.param((16, 16, 16), (8,), marks=pytest.mark.slow),
+        ((16, 16, 16), (2, 4)),
+        pytest.param((32, 32), (2, 4), marks=pytest.mark.slow),
+    ],
 )
 def test_hlo_moves_only_block_sized_all_to_alls(shape, mesh, real):
     plan = F.make_plan(shape, mesh, real)

@@ -90,7 +90,7 @@ def test_potentials_force_is_minus_gradient():
     assert float(potentials.pair_terms(mo, jnp.asarray(1.1**2))[0]) == pytest.approx(-2.0)
 
 
-@pytest.mark.parametrize("periodic", [True, False])
+@pytest.mark.parametrize("periodic", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_cell_list_matches_brute_force(periodic):
     box = np.array([9.0, 7.5, 12.0])  # not cubic: catches axis mix-ups
     r = jax.random.uniform(jax.random.PRNGKey(3), (700, 3), F64) * box
@@ -241,6 +241,7 @@ def test_langevin_seeded_and_reaches_temperature():
     assert late == pytest.approx(1.5, rel=0.05), (ta, tc)
 
 
+@pytest.mark.slow  # the fast tier opens a PM H5MD file (same writer) with MDAnalysis
 def test_h5md_written_and_opened_by_mdanalysis(tmp_path):
     import MDAnalysis
 

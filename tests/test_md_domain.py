@@ -259,6 +259,7 @@ def test_langevin_reproducible_and_equal_to_single():
     np.testing.assert_array_equal(a, np.asarray(ref.state.position))
 
 
+@pytest.mark.slow
 def test_thin_sub_box_refused():
     r, v, spc, pot = lj(cells=(4, 4, 4))  # box 6.7: 8 slabs of 0.84 < 2.8 / 3
     with pytest.raises(

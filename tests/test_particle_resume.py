@@ -150,7 +150,13 @@ def nbody_config(path, engine, devices):
 
 @pytest.mark.filterwarnings("ignore:there is no reference attributes")
 @pytest.mark.parametrize(
-    "engine,devices", [("single", 1), ("pmap", 4), ("shard_map", 8), ("sharded", 2)]
+    "engine,devices",
+    [
+        ("single", 1),
+        pytest.param("pmap", 4, marks=pytest.mark.slow),
+        ("shard_map", 8),
+        ("sharded", 2),
+    ],
 )
 def test_nbody_resume_is_bitwise_on_every_engine(tmp_path, engine, devices):
     def run(path, steps=None, resume=False):

@@ -169,7 +169,9 @@ def _datasets(path):
     return out
 
 
-@pytest.mark.parametrize("engine", ["single", pytest.param("pmap", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "engine", [pytest.param(e, marks=pytest.mark.slow) for e in ("single", "pmap")]
+)
 def test_resume_after_sigkill_equals_an_uninterrupted_run_bitwise(engine, tmp_path, single):
     ref, part = tmp_path / "ref.h5md", tmp_path / "part.h5md"
     eng = ["--engine", engine, "--mesh", "2x4"] if engine != "single" else []

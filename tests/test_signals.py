@@ -116,7 +116,14 @@ def _phase_reached(proc, phase, out):
     return any(p.name.lstrip(".").startswith(out.name) for p in out.parent.iterdir())
 
 
-@pytest.mark.parametrize("phase", ["handlers", "jax", "compile"])
+@pytest.mark.parametrize(
+    "phase",
+    [
+        "handlers",
+        pytest.param("jax", marks=pytest.mark.slow),
+        pytest.param("compile", marks=pytest.mark.slow),
+    ],
+)
 def test_ctrl_c_during_start_up_or_compilation_exits_130_cleanly(tmp_path, phase):
     out = tmp_path / "run.nc"
     p = _subprocess("run", HEAT, "--out", str(out), "--steps", "20", *SMALL_HEAT, "--quiet")

@@ -210,6 +210,7 @@ def test_a_blown_up_run_exits_1_with_the_step_and_the_settings(tmp_path):
 ABC = [*CUBE, "initial.kind='abc'", "physics.viscosity=0.05", "time.dt=0.02"]
 
 
+@pytest.mark.slow
 def test_abc_flow_in_3d_decays_exactly_through_the_cli(tmp_path):
     """The ABC (Beltrami) flow: only viscosity acts, u(t) = u(0) exp(-nu t)."""
     out = tmp_path / "abc.nc"
@@ -255,7 +256,7 @@ def test_3d_every_engine_equals_single_through_the_cli(tmp_path):
                 )  # fmt: skip
 
 
-@pytest.mark.parametrize("engine", ["sharded", "shard_map"])
+@pytest.mark.parametrize("engine", ["sharded", pytest.param("shard_map", marks=pytest.mark.slow)])
 def test_the_adapters_chunk_program_moves_only_the_transposes(engine):
     """The compiled chunk (a ``fori_loop`` of RK4 steps) of the adapter on a (2, 4) mesh:
     8 transforms per step, each ``n_transposes`` all-to-alls, and no other collective."""

@@ -191,7 +191,9 @@ def heat_run(tmp_path_factory):
     return out, sets
 
 
-@pytest.mark.parametrize("case", ["huge dims", "external storage", "string step"])
+@pytest.mark.parametrize(
+    "case", ["huge dims", pytest.param("external storage", marks=pytest.mark.slow), "string step"]
+)
 def test_resume_from_a_crafted_checkpoint_exits_2_naming_the_dataset(heat_run, case, tmp_path):
     out, sets = heat_run
     run = tmp_path / "run.nc"
