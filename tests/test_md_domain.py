@@ -99,8 +99,8 @@ def _policy_reference(every, check):
 @pytest.mark.parametrize(
     ("every", "check", "engine", "mesh"),
     [
-        (20, False, "shard_map", (2,)),
-        pytest.param(2, True, "pmap", (2,), marks=pytest.mark.slow),  # fast tier: one case
+        pytest.param(20, False, "shard_map", (2,), marks=pytest.mark.slow),
+        pytest.param(2, True, "pmap", (2,), marks=pytest.mark.slow),
         pytest.param(20, False, "pmap", (2, 2, 2), marks=pytest.mark.slow),
         pytest.param(2, True, "shard_map", (2, 2, 2), marks=pytest.mark.slow),
     ],

@@ -99,9 +99,7 @@ def _trajectory(path):
         return t["position/step"][:], t["position/value"][-1], t["velocity/value"][-1]
 
 
-@pytest.mark.parametrize(  # LJ on the engines in the fast tier: test_md_domain.py
-    "exp", [pytest.param(e, marks=pytest.mark.slow) if e == "lj_melt" else e for e in PARTICLES]
-)
+@pytest.mark.parametrize("exp", list(PARTICLES))
 def test_particle_model_on_every_engine_equals_single(tmp_path, capsys, exp):
     sets, mesh, steps = PARTICLES[exp]
     _run(capsys, exp, sets, steps, tmp_path / "single.h5md", "--engine", "single")
