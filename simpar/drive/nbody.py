@@ -130,7 +130,36 @@ class NBodyPlan(Plan):
         return NBodyRun(self, ck)
 
 
-class NBodyRun(Run):
+class BodiesRun(Run):
+    """What the all-pairs and the particle-mesh N-body runs share: observables held between
+    frames, the energy/momentum tracking at each frame and the non-finite check.
+
+    Subclasses set ``_obs`` (the last observables), ``prev``/``step`` (the chunk's first and
+    last step), ``_HINT`` (the setting to change) and ``_track(obs)``.
+    """
+
+    _HINT = "reduce time.dt"
+
+    def observe(self) -> dict:
+        return self._obs
+
+    def at_frame(self, step, obs, first) -> None:
+        self._track(obs)
+
+    def _nonfinite(self, obs) -> str | None:
+        values = np.concatenate([np.atleast_1d(v) for v in obs.values()])
+        if np.all(np.isfinite(values)):
+            return None
+        where = f"between steps {self.prev} and {self.step}" if self.step > self.prev else (
+            f"at step {self.step}")  # fmt: skip
+        return f"non-finite energy or momentum {where} (NaN/inf in positions or velocities)"
+
+    def problem(self, obs, step):
+        why = self._nonfinite(obs)
+        return (why, self._HINT) if why else None
+
+
+class NBodyRun(BodiesRun):
     """An N-body run on a ring engine (see ``simpar.drive.loop.Run`` for the methods)."""
 
     desc = "nbody"
@@ -156,24 +185,10 @@ class NBodyRun(Run):
         self.max_de = self.max_p = -math.inf  # over the frames of this invocation
         self._obs = io.observable_values(self.eng.observables(self.state, self.params))
 
-    def observe(self) -> dict:
-        return self._obs
-
     def _track(self, obs) -> None:
         """The max relative energy error and |total momentum| over the frames."""
         self.max_de = max(self.max_de, abs(float(obs["total_energy"]) / self.e0 - 1.0))
         self.max_p = max(self.max_p, float(np.abs(obs["momentum"]).max()))
-
-    def at_frame(self, step, obs, first) -> None:
-        self._track(obs)
-
-    def _nonfinite(self, obs) -> str | None:
-        values = np.concatenate([np.atleast_1d(v) for v in obs.values()])
-        if np.all(np.isfinite(values)):
-            return None
-        where = f"between steps {self.prev} and {self.step}" if self.step > self.prev else (
-            f"at step {self.step}")  # fmt: skip
-        return f"non-finite energy or momentum {where} (NaN/inf in positions or velocities)"
 
     _HINT = "reduce time.dt or increase physics.softening"
 
@@ -190,10 +205,6 @@ class NBodyRun(Run):
         self.state, dobs = self.eng.run(self.state, self.params, k)
         self._obs = io.observable_values(dobs)
         self.step += k
-
-    def problem(self, obs, step):
-        why = self._nonfinite(obs)
-        return (why, self._HINT) if why else None
 
     def postfix(self, obs) -> dict:
         return {"dE": f"{self.max_de:.1e}"}

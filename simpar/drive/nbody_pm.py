@@ -45,7 +45,8 @@ import numpy as np
 from simpar import precision
 from simpar.config import Section
 from simpar.drive import nbody_output as io
-from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
+from simpar.drive.loop import Options, Plan, device_mesh, rate, read_options
+from simpar.drive.nbody import BodiesRun
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
 
@@ -172,7 +173,7 @@ class PMPlan(Plan):
         return PMRun(self, ck)
 
 
-class PMRun(Run):
+class PMRun(BodiesRun):
     """A PM run on a ``PMEngine`` (see ``simpar.drive.loop.Run`` for the methods)."""
 
     desc = "nbody-pm"
@@ -231,9 +232,6 @@ class PMRun(Run):
             "density_contrast": np.float64(rows[:, 5].max() / self.rho0),
         }
 
-    def observe(self) -> dict:
-        return self._obs
-
     def _track(self, obs) -> None:
         """Max of ``|E - E0| / (K + |W|)`` (``K + |W|`` the largest so far: a collapsing
         system starts near ``E = 0``) and of ``|P|`` over the frames."""
@@ -242,19 +240,6 @@ class PMRun(Run):
         self.e0 = (e0, scale := max(scale, k + abs(w)))
         self.max_de = max(self.max_de, abs(float(obs["total_energy"]) - e0) / scale)
         self.max_p = max(self.max_p, float(np.abs(obs["momentum"]).max()))
-
-    def at_frame(self, step, obs, first) -> None:
-        self._track(obs)
-
-    def _nonfinite(self, obs) -> str | None:
-        values = np.concatenate([np.atleast_1d(v) for v in obs.values()])
-        if np.all(np.isfinite(values)):
-            return None
-        where = f"between steps {self.prev} and {self.step}" if self.step > self.prev else (
-            f"at step {self.step}")  # fmt: skip
-        return f"non-finite energy or momentum {where} (NaN/inf in positions or velocities)"
-
-    _HINT = "reduce time.dt"
 
     def initial_problem(self, obs) -> None:
         why = self._nonfinite(obs)
@@ -276,10 +261,6 @@ class PMRun(Run):
         except SimulationError as err:
             raise SimulationError(err.step, err.reason, err.hint, last_good) from None
         self._obs = self._observe_now()
-
-    def problem(self, obs, step):
-        why = self._nonfinite(obs)
-        return (why, self._HINT) if why else None
 
     def postfix(self, obs) -> dict:
         return {"contrast": f"{float(obs['density_contrast']):.3g}"}
