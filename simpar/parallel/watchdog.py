@@ -237,12 +237,8 @@ def publish_failure(reason: str, code: int) -> None:
       reason: one line, e.g. ``"cannot write out.nc: No space left on device"``.
       code: this process's exit code (1 failed, 2 invalid input, 130/143 signals).
     """
-    if not active():
+    if not _claim(code):
         return
-    with _S.lock:
-        if _S.stopping or _S.failed_code is not None:
-            return
-        _S.failed_code = int(code)
     reason = " ".join(str(reason).split())[:500]
     with contextlib.suppress(Exception):
         _S.client.key_value_set(f"{_PREFIX}failed/{_S.me}", f"{code} {reason}", True)
@@ -258,13 +254,20 @@ def leave(code: int) -> None:
     Args:
       code: this process's exit code (130/143 for signals).
     """
-    if not active():
+    if not _claim(code):
         return
+    atexit.register(exit_now)  # registered last: runs before JAX's atexit hooks
+
+
+def _claim(code: int) -> bool:
+    """Record this process's exit ``code`` once (False: no watchdog, or already stopping)."""
+    if not active():
+        return False
     with _S.lock:
         if _S.stopping or _S.failed_code is not None:
-            return
+            return False
         _S.failed_code = int(code)
-    atexit.register(exit_now)  # registered last: runs before JAX's atexit hooks
+    return True
 
 
 def exit_now() -> None:
