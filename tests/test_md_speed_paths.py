@@ -23,6 +23,13 @@ from simpar.parallel.particles import shard_particles
 from simpar.particles import lattice, md, potentials, space
 
 
+def _chunk_hlo(sim, block) -> str:
+    """The compiled HLO text of a 10-step NVE chunk of ``sim`` with force ``block``."""
+    lowered = md.run_chunk.lower("nve", sim.spec, sim.space, sim.pot, sim.params, sim.state,
+                                 sim.nbrs, jnp.int32(10), block=block)  # fmt: skip
+    return lowered.compile().as_text()
+
+
 def _sharded_sim(cells: int, n_dev: int):
     r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, jnp.float64)
     v = lattice.maxwell_boltzmann(jax.random.PRNGKey(1), r.shape[0], 1.44, dtype=jnp.float64)
@@ -44,21 +51,7 @@ def test_sharded_chunk_moves_at_most_twice_all_positions():
     assert n == 4000
     block = md.row_block(sim.state.position)
     assert block is None
-    txt = (
-        md.run_chunk.lower(
-            "nve",
-            sim.spec,
-            sim.space,
-            sim.pot,
-            sim.params,
-            sim.state,
-            sim.nbrs,
-            jnp.int32(10),
-            block=block,
-        )  # fmt: skip
-        .compile()
-        .as_text()
-    )
+    txt = _chunk_hlo(sim, block)
     found = collectives(txt)
     positions = n * 3 * 8  # bytes of all positions (float64)
     # per computation: the loop body runs once per step; the rebuild branch once per build
@@ -69,21 +62,7 @@ def test_sharded_chunk_moves_at_most_twice_all_positions():
         assert nbytes <= 2 * positions, (comp, nbytes, positions, found)
     assert not any(dt == "s32" and len(dims) == 2 for c in found for dt, dims in c.shapes)
     # what the blocked kernel moved: int32 neighbour blocks and force blocks
-    blocked = (
-        md.run_chunk.lower(
-            "nve",
-            sim.spec,
-            sim.space,
-            sim.pot,
-            sim.params,
-            sim.state,
-            sim.nbrs,
-            jnp.int32(10),
-            block=-1,
-        )  # fmt: skip
-        .compile()
-        .as_text()
-    )
+    blocked = _chunk_hlo(sim, -1)
     assert sum(c.nbytes for c in collectives(blocked)) > sum(per_comp.values())
 
 

@@ -158,6 +158,26 @@ class BodiesRun(Run):
         why = self._nonfinite(obs)
         return (why, self._HINT) if why else None
 
+    _OUTPUT: dict = {}  # extra ``nbody_output.open_output`` keywords of the subclass
+
+    def file_attrs(self) -> dict:
+        """The model's ``/parameters`` attributes beyond the run metadata."""
+        raise NotImplementedError
+
+    def open_writer(self, path, *, resume_step, overwrite, key):
+        from simpar.io.h5md import H5MDWriter
+        from simpar.io.meta import run_metadata
+
+        if resume_step is not None:
+            return H5MDWriter.open_existing(path, step=resume_step)
+        p = self.plan
+        meta = run_metadata(
+            p.config_text, engine=p.engine, mesh=p.mesh, dtype=p.dtype, seed=p.seed,
+            model="nbody",
+        )  # fmt: skip
+        return io.open_output(path, p.n, p.dtype, self.mass, meta | self.file_attrs(),
+                              overwrite=overwrite, key=key, **self._OUTPUT)  # fmt: skip
+
 
 class NBodyRun(BodiesRun):
     """An N-body run on a ring engine (see ``simpar.drive.loop.Run`` for the methods)."""
@@ -219,25 +239,15 @@ class NBodyRun(BodiesRun):
         state["energy_initial"] = np.float64(self.e0)
         return state
 
-    def open_writer(self, path, *, resume_step, overwrite, key):
-        from simpar.io.h5md import H5MDWriter
-        from simpar.io.meta import run_metadata
-
-        if resume_step is not None:
-            return H5MDWriter.open_existing(path, step=resume_step)
+    def file_attrs(self) -> dict:
         p = self.plan
-        meta = run_metadata(
-            p.config_text, engine=p.engine, mesh=p.mesh, dtype=p.dtype, seed=p.seed,
-            model="nbody",
-        )  # fmt: skip
-        attrs = meta | {
+        return {
             "units": "N-body (Henon) units: G = M = 1, E = -1/4 (Plummer), r_V = 1",
             "n": np.int64(p.n),
             "G": np.float64(p.G),
             "softening": np.float64(p.eps),
             "dt": np.float64(p.dt),
         }
-        return io.open_output(path, p.n, p.dtype, self.mass, attrs, overwrite=overwrite, key=key)
 
     def write_frame(self, writer, step, host, obs) -> None:
         writer.append(step, step * self.plan.dt, host.pos, box=np.zeros(3), velocity=host.vel,

@@ -282,18 +282,11 @@ class PMRun(BodiesRun):
         state["pm_migrate"] = np.int64(self.eng.migrate_cap or 0)
         return state
 
-    def open_writer(self, path, *, resume_step, overwrite, key):
-        from simpar.io.h5md import H5MDWriter
-        from simpar.io.meta import run_metadata
+    _OUTPUT = {"periodic": True, "names": io.PM_OBSERVABLES}
 
-        if resume_step is not None:
-            return H5MDWriter.open_existing(path, step=resume_step)
+    def file_attrs(self) -> dict:
         p = self.plan
-        meta = run_metadata(
-            p.config_text, engine=p.engine, mesh=p.mesh, dtype=p.dtype, seed=p.seed,
-            model="nbody",
-        )  # fmt: skip
-        attrs = meta | {
+        return {
             "units": "N-body units: total mass 1, G and the box as configured",
             "force": "pm",
             "n": np.int64(p.n),
@@ -303,8 +296,6 @@ class PMRun(BodiesRun):
             "dt": np.float64(p.dt),
             "growth_rate": np.float64(math.sqrt(4 * math.pi * p.G * self.rho0)),
         }
-        return io.open_output(path, p.n, p.dtype, self.mass, attrs, overwrite=overwrite,
-                              key=key, periodic=True, names=io.PM_OBSERVABLES)  # fmt: skip
 
     def write_frame(self, writer, step, host, obs) -> None:
         pos, vel = host[0], host[1]
