@@ -18,7 +18,9 @@ What "available" means: the smallest of three real limits (:func:`memory_limits`
 mesh it names); :func:`peak_memory_mib` goes into every run summary; :func:`release_free_memory`
 hands the heap's freed pages back to the system after a set-up stage (XLA's compiler and eager
 set-up work free most of what they allocate, but glibc keeps it), so the next stage's peak
-starts from what is really live.
+starts from what is really live; :func:`lean_jit` compiles rarely run programs (set-up, list
+builds, energies) with XLA:CPU's loop emitters, a fifth of the compiler's memory for the same
+bits.
 """
 
 from __future__ import annotations
@@ -210,6 +212,33 @@ def release_free_memory() -> bool:
     if trim is None:
         return False
     return bool(trim(0))
+
+
+#: XLA:CPU options of the programs simpar compiles "lean" (``lean_jit``): the loop emitters
+#: instead of the MLIR fusion emitters. Measured on in.lj (32,000 atoms, float64, one core):
+#: the same results bit for bit (forces, lists, a 100-step trajectory), a fifth of the
+#: compiler's memory (a list build: +86 -> +15 MiB peak; the fused chunk +132 -> +25 MiB), list
+#: builds ~5% faster, but the force kernel ~30% slower (11.6 -> 15 ms), which is why the time
+#: steps keep the fusion emitters and only set-up, list builds and energies are lean.
+LEAN_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+def lean_compiler_options() -> dict:
+    """``LEAN_CPU_OPTIONS`` when JAX's default backend is the CPU, else ``{}`` (accelerator
+    compilers have their own emitters and memory)."""
+    import jax
+
+    return dict(LEAN_CPU_OPTIONS) if jax.default_backend() == "cpu" else {}
+
+
+def lean_jit(fun, **jit_kwargs):
+    """``jax.jit(fun, **jit_kwargs)`` compiled with ``lean_compiler_options()``: for programs
+    run once or rarely (set-up, list builds, energies), whose compilation would otherwise
+    dominate a run's peak memory. Call it when first needed (it reads the backend), e.g.
+    behind ``functools.cache``."""
+    import jax
+
+    return jax.jit(fun, compiler_options=lean_compiler_options(), **jit_kwargs)
 
 
 def current_rss_mib() -> float:

@@ -34,9 +34,10 @@ def test_current_rss_is_positive_and_below_the_peak():
 
 @pytest.mark.slow
 def test_md_chunk_compiled_ahead_once_and_same_trajectory():
-    """``md.Simulation`` compiles its chunk ahead of the first call (to release the compiler's
-    memory before the chunk's buffers exist): one backend compilation, not two, and the same
-    trajectory as the plain jitted call."""
+    """``md.Simulation`` compiles its time steps ahead of the first call (to release the
+    compiler's memory before the chunk's buffers exist): each of the chunk's programs (the
+    steps, the list rebuild, the energy) is compiled once, not twice, and the host-driven
+    chunk follows the one-program ``md.run_chunk`` bit for bit."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -59,12 +60,17 @@ def test_md_chunk_compiled_ahead_once_and_same_trajectory():
 
     monitoring.register_event_duration_secs_listener(listen)
     try:
-        sim.advance(7)
+        sim.advance(40)
+        first = len(compiles)
+        sim.state, sim.nbrs = start
+        sim.advance(40)
     finally:
         monitoring.unregister_event_duration_listener(listen)
-    assert len(compiles) == 1, f"{len(compiles)} backend compilations of the first chunk"
+    assert int(sim.nbrs.n_builds) > 1, "no rebuild in the chunk: the test would miss a program"
+    assert first == 3, f"{first} backend compilations of the first chunk (steps, rebuild, energy)"
+    assert len(compiles) == first, "the second chunk compiled again"
     state, nbrs = md.run_chunk(sim.ensemble, sim.spec, sim.space, sim.pot, sim.params, *start,
-                               jnp.int32(7), block=md.row_block(start[0].position))  # fmt: skip
+                               jnp.int32(40), block=md.row_block(start[0].position))  # fmt: skip
     assert np.array_equal(np.asarray(state.position), np.asarray(sim.state.position))
     assert np.array_equal(np.asarray(state.velocity), np.asarray(sim.state.velocity))
     assert int(nbrs.n_builds) == int(sim.nbrs.n_builds)

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
-from simpar.memory import release_free_memory
+from simpar.memory import lean_jit, release_free_memory
 from simpar.parallel.distributed import to_host
 from simpar.particles import error_codes, neighbors, observables
 from simpar.particles.forces import ROW_BLOCK_CPU as ROW_BLOCK_CPU  # former home: re-exported
@@ -45,6 +45,7 @@ from simpar.particles.neighbors import NeighborList, NeighborSpec
 from simpar.particles.potentials import PairPotential
 from simpar.particles.space import Space, volume, wrap
 from simpar.particles.step import Provider, Regrowing, md_step, run_steps
+from simpar.particles.step import run_until_rebuild as run_until_rebuild_steps
 
 ENSEMBLES = ("nve", "langevin")
 
@@ -180,9 +181,52 @@ def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotentia
     return state._replace(e_pair=e, virial=w), nbrs
 
 
-@jax.jit
+@functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("block", "policy"),
+                   donate_argnums=(5, 6))
+def run_until_rebuild(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotential,
+                      params: MDParams, state: MDState, nbrs: NeighborList, n_steps, resume,
+                      block: int | None = -1, policy: tuple[int, bool] = (1, True)):  # fmt: skip
+    """``step.run_until_rebuild`` with the local list: the time steps of ``single`` between
+    two list builds (``Simulation`` rebuilds with ``rebuild_list`` and resumes); arguments as
+    ``run_chunk`` plus ``resume`` (bool scalar); ``state`` and ``nbrs`` are donated (pass
+    copies of arrays still needed). Returns (state, nbrs, done, pending)."""
+    prov = local_provider(spec, space, block, policy)
+    return run_until_rebuild_steps(ensemble, space, pot, params, prov, state, nbrs, n_steps,
+                                   resume)  # fmt: skip
+
+
+def _rebuild_list(spec: NeighborSpec, space: Space, state: MDState, nbrs: NeighborList):
+    return neighbors.merge(nbrs, neighbors.build(spec, space, state.position, state.valid))
+
+
+def _energy(space: Space, pot: PairPotential, state: MDState, nbrs: NeighborList):
+    _, e, w = pair_forces(pot, space, state.position, nbrs.idx)
+    return state._replace(e_pair=e, virial=w)
+
+
+@functools.cache
+def lean_programs() -> dict:
+    """The rarely run programs of ``single``, compiled lean (``simpar.memory.lean_jit``):
+    ``rebuild_list(spec, space, state, nbrs)`` (a new list merged into ``nbrs``, which is
+    donated: build count, errors), ``energy(space, pot, state)`` (pair energy and virial), ``forces(spec,
+    space, pot, state, nbrs)`` (``compute_forces``), ``build(spec, space, r, valid)`` and
+    ``thermo(space, state)``."""
+    return {
+        "rebuild_list": lean_jit(_rebuild_list, static_argnums=0, donate_argnums=3),
+        "energy": lean_jit(_energy),
+        "forces": lean_jit(compute_forces, static_argnums=0),
+        "build": neighbors.lean_build(),
+        "thermo": lean_jit(_thermo),
+    }
+
+
 def thermo(space: Space, state: MDState) -> dict[str, jax.Array]:
-    """LAMMPS-style thermo quantities of ``state`` (see ``observables.thermo``)."""
+    """LAMMPS-style thermo quantities of ``state`` (see ``observables.thermo``; compiled lean,
+    ``lean_programs``)."""
+    return lean_programs()["thermo"](space, state)
+
+
+def _thermo(space: Space, state: MDState) -> dict[str, jax.Array]:
     return observables.thermo(
         state.velocity, state.mass, state.valid, state.e_pair, state.virial, volume(space)
     )
@@ -221,25 +265,55 @@ class Simulation(Regrowing):
     _compiled: set = dataclasses.field(default_factory=set, repr=False)  # chunk layouts built
 
     def _rebuild(self, state):
-        nbrs = jax.jit(neighbors.build, static_argnums=0)(
-            self.spec, self.space, state.position, state.valid
-        )
+        nbrs = lean_programs()["build"](self.spec, self.space, state.position, state.valid)
         if self.placement is not None:
             nbrs = self.placement(nbrs)
         return nbrs
 
     # the regrow loop's hooks (step.Regrowing) ---------------------------------------------
     def _chunk(self, n_steps: int):
-        args = (self.space, self.pot, self.params, self.state, self.nbrs, jnp.int32(n_steps))
+        if self.placement is not None:  # sharded: one program, partitioned by XLA
+            return self._fused_chunk(n_steps)
+        # one device: the time steps (fusion emitters: fast forces) and the list builds (lean:
+        # their compilation would dominate the peak memory) are separate programs; the host
+        # rebuilds between them, ~1 call per 10 steps, the same steps bit for bit
         kw = dict(block=row_block(self.state.position), policy=(self.every, self.check))
-        key = (self.ensemble, self.spec, kw["block"], kw["policy"])
+        steps = functools.partial(run_until_rebuild, self.ensemble, self.spec, self.space,
+                                  self.pot, self.params, **kw)  # fmt: skip
+        lean = lean_programs()
+        # the programs donate their inputs; the committed start stays for a redo (``_advance``)
+        state, nbrs = jax.device_put((self.state, self.nbrs), may_alias=False)
+        done, resume = 0, False
+        self._compile_once(("steps", self.ensemble, self.spec, kw["block"], kw["policy"]),
+                           run_until_rebuild.lower, self.ensemble, self.spec, self.space,
+                           self.pot, self.params, state, nbrs, jnp.int32(n_steps), False,
+                           **kw)  # fmt: skip
+        while True:
+            state, nbrs, k, pending = steps(state, nbrs, jnp.int32(n_steps - done), resume)
+            done += int(k)
+            if not bool(pending) or int(nbrs.error):
+                break
+            nbrs = lean["rebuild_list"](self.spec, self.space, state, nbrs)
+            resume = True
+        if int(nbrs.error):
+            return state, nbrs
+        return lean["energy"](self.space, self.pot, state, nbrs), nbrs
+
+    def _compile_once(self, key, lower, *args, **kw) -> None:
+        """Compile ``lower(*args, **kw)`` ahead of its first call and hand the compiler's
+        freed memory back before the program allocates its buffers (the call finds the
+        compiled program): on in.lj the peak RSS drops by ~70 MiB
+        (experiments/bench_md_memory.py)."""
         if key not in self._compiled:
-            # compile ahead of the first call and hand the compiler's freed memory back before
-            # the chunk allocates its buffers (the call below finds the compiled program): on
-            # in.lj the peak RSS drops by ~70 MiB (experiments/bench_md_memory.py)
-            run_chunk.lower(self.ensemble, self.spec, *args, **kw).compile()
+            lower(*args, **kw).compile()
             release_free_memory()
             self._compiled.add(key)
+
+    def _fused_chunk(self, n_steps: int):
+        args = (self.space, self.pot, self.params, self.state, self.nbrs, jnp.int32(n_steps))
+        kw = dict(block=row_block(self.state.position), policy=(self.every, self.check))
+        self._compile_once((self.ensemble, self.spec, kw["block"], kw["policy"]),
+                           run_chunk.lower, self.ensemble, self.spec, *args, **kw)  # fmt: skip
         return run_chunk(self.ensemble, self.spec, *args, **kw)
 
     def _error(self, nbrs) -> int:
@@ -408,7 +482,7 @@ def make_simulation(
     sim = Simulation(ensemble, space, pot, params, spec, state, nbrs, capacity_factor, placement,
                      every=every, check=check)  # fmt: skip
     sim.nbrs = sim._repair(nbrs)
-    sim.state = jax.jit(compute_forces, static_argnums=0)(sim.spec, space, pot, state, sim.nbrs)
+    sim.state = lean_programs()["forces"](sim.spec, space, pot, state, sim.nbrs)
     jax.block_until_ready(sim.state)
     release_free_memory()  # set-up's freed compiler memory (``simpar.memory``)
     return sim

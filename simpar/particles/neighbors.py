@@ -27,6 +27,7 @@ take part in nothing. Small systems use all pairs as candidates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simpar.memory import release_free_memory
+from simpar.memory import lean_jit, release_free_memory
 from simpar.particles import error_codes
 from simpar.particles.space import Space, displacement
 
@@ -389,6 +390,13 @@ def _layout(space: Space, r: np.ndarray, valid: np.ndarray, radius: float, force
     return None, 1, None, None
 
 
+@functools.cache
+def lean_build():
+    """``build`` jitted lean (``simpar.memory.lean_jit``: a fifth of the compiler's memory,
+    the same list): for set-up and regrows; the time steps' rebuilds use their own program."""
+    return lean_jit(build, static_argnums=0)
+
+
 def allocate(
     space: Space,
     r,
@@ -442,7 +450,7 @@ def allocate(
         n, int(min(guess_m, n)), radius, float(skin), space.periodic, cells, reach,
         int(guess_c), origin, width, int(block),
     )  # fmt: skip
-    jbuild = jax.jit(build, static_argnums=0)
+    jbuild = lean_build()
     nbrs = jbuild(spec, space, r, valid)
     if bool(nbrs.did_overflow) and max_neighbors is None and column_capacity is None:
         spec = regrow(spec, nbrs, capacity_factor)

@@ -75,21 +75,11 @@ class Provider(NamedTuple):
     check: bool = True
 
 
-def md_step(ensemble: str, space, pot, params, prov: Provider, state, nbrs, init=None):
-    """One time step of one block (jittable; ``ensemble`` static).
+def _drift(ensemble: str, space, params, prov: Provider, state, nbrs, init):
+    """The stages of a step before the forces: (moved state, new key, rebuild decision).
 
-    Args:
-      ensemble: ``"nve"`` or ``"langevin"``.
-      space, pot: the space and the pair potential; params: ``md.MDParams``.
-      prov: the neighbour provider.
-      state, nbrs: the block's state (position, velocity, force float[C, 3], mass float[C],
-        key uint32[2], step int32[]) and its neighbour state.
-      init: None, or a traced bool: when True no time passes; the neighbours are rebuilt
-        from the state as laid out on the host and the forces computed (the first
-        iteration of a decomposed chunk).
-
-    Returns:
-      (state, nbrs) one step later (``state.force`` the new forces).
+    ``moved`` is ``state`` with the drifted positions and half-kicked velocities (its key
+    still the old one); on ``init`` (a traced bool) nothing moves and a rebuild is forced.
     """
     valid = prov.valid(state)
     shift = functools.partial(wrap, space)
@@ -121,11 +111,13 @@ def md_step(ensemble: str, space, pot, params, prov: Provider, state, nbrs, init
         rebuild = jnp.asarray(True)
     if prov.every > 1:
         rebuild = rebuild & ((state.step + 1) % prov.every == 0)
-    flag = False if init is None else init
     if init is not None:
         rebuild = rebuild | init
-    moved = state._replace(position=r, velocity=v)
-    s, nbrs = jax.lax.cond(rebuild, prov.rebuild, prov.refresh, moved, nbrs, flag)
+    return state._replace(position=r, velocity=v), key, rebuild
+
+
+def _finish(ensemble: str, space, pot, params, prov: Provider, s, nbrs, key, init):
+    """The stages after the neighbours are current: forces, last half kick, step count."""
     valid = prov.valid(s)
     f = pair_forces(pot, space, s.position, nbrs.idx, energy=False, others=prov.others(s, nbrs),
                     block=prov.block)  # fmt: skip
@@ -136,7 +128,81 @@ def md_step(ensemble: str, space, pot, params, prov: Provider, state, nbrs, init
     if ensemble != "nve":
         v = jnp.where(valid[:, None], v, 0.0)
     step = s.step + (1 if init is None else jnp.where(init, 0, 1).astype(s.step.dtype))
-    return s._replace(velocity=v, force=f, key=key, step=step), nbrs
+    return s._replace(velocity=v, force=f, key=key, step=step)
+
+
+def md_step(ensemble: str, space, pot, params, prov: Provider, state, nbrs, init=None):
+    """One time step of one block (jittable; ``ensemble`` static).
+
+    Args:
+      ensemble: ``"nve"`` or ``"langevin"``.
+      space, pot: the space and the pair potential; params: ``md.MDParams``.
+      prov: the neighbour provider.
+      state, nbrs: the block's state (position, velocity, force float[C, 3], mass float[C],
+        key uint32[2], step int32[]) and its neighbour state.
+      init: None, or a traced bool: when True no time passes; the neighbours are rebuilt
+        from the state as laid out on the host and the forces computed (the first
+        iteration of a decomposed chunk).
+
+    Returns:
+      (state, nbrs) one step later (``state.force`` the new forces).
+    """
+    moved, key, rebuild = _drift(ensemble, space, params, prov, state, nbrs, init)
+    flag = False if init is None else init
+    s, nbrs = jax.lax.cond(rebuild, prov.rebuild, prov.refresh, moved, nbrs, flag)
+    return _finish(ensemble, space, pot, params, prov, s, nbrs, key, init), nbrs
+
+
+def run_until_rebuild(ensemble: str, space, pot, params, prov: Provider, state, nbrs, n_steps,
+                      resume):  # fmt: skip
+    """Up to ``n_steps`` steps of ``md_step`` with the current neighbours, stopping inside the
+    first step that needs a rebuild, before its forces (jittable; the host rebuilds the list
+    in a separate program and calls again with ``resume``: ``md.Simulation``).
+
+    The steps are ``md_step``'s, bit for bit: a rebuild between two programs instead of a
+    ``lax.cond`` branch inside one. Splitting lets the list build, which dominates the
+    compiler's memory, be compiled apart from (and leaner than) the time steps.
+
+    Args:
+      ensemble, space, pot, params, prov: as ``md_step`` (``prov.rebuild`` is not used).
+      state, nbrs: the start; with ``resume`` the state is a step stopped for its rebuild
+        (drifted, its new key) and ``nbrs`` the list built for it.
+      n_steps: int scalar, steps to run (traced).
+      resume: bool scalar (traced): finish the stopped step first (it counts as one).
+
+    Returns:
+      (state, nbrs, done, pending): ``done`` int32 steps completed; ``pending`` bool: the
+      loop stopped in step ``done + 1`` for a rebuild, ``state`` holding that step's drifted
+      positions (and its key). Stops early, not pending, when ``nbrs.error`` is set.
+    """
+
+    def cond(carry):
+        i, _, nb, pending, _ = carry
+        return (i < n_steps) & ~pending & (nb.error == 0)
+
+    def body(carry):
+        i, s, nb, _, first = carry
+        moved, key, rebuild = _drift(ensemble, space, params, prov, s, nb, None)
+        resumed = first & resume  # the stopped step: drifted already, its list is new
+        moved = moved._replace(position=jnp.where(resumed, s.position, moved.position),
+                               velocity=jnp.where(resumed, s.velocity, moved.velocity))
+        key = jnp.where(resumed, s.key, key)
+        rebuild = rebuild & ~resumed
+
+        def stop(_):
+            return moved._replace(key=key), nb, jnp.asarray(True)
+
+        def go(_):
+            m, nb2 = prov.refresh(moved, nb, False)
+            done = _finish(ensemble, space, pot, params, prov, m, nb2, key, None)
+            return done, nb2, jnp.asarray(False)
+
+        s, nb, pending = jax.lax.cond(rebuild, stop, go, None)
+        return i + jnp.where(pending, 0, 1).astype(i.dtype), s, nb, pending, jnp.asarray(False)
+
+    carry = (jnp.int32(0), state, nbrs, jnp.asarray(False), jnp.asarray(True))
+    done, state, nbrs, pending, _ = jax.lax.while_loop(cond, body, carry)
+    return state, nbrs, done, pending
 
 
 def run_steps(step_fn: Callable, state, nbrs, n_steps, init=None):
