@@ -126,10 +126,7 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float, every: int =
     best = best_chunk(sim, chunk, repeats)
     mem = {}
     if memory:
-        mem = memory_report(md.run_chunk.lower(
-            "nve", sim.spec, sim.space, sim.pot, sim.params, sim.state, sim.nbrs,
-            jnp.int32(chunk), block=md.row_block(sim.state.position), policy=(every, check),
-        ).compile())  # fmt: skip
+        mem = {name: memory_report(low.compile()) for name, low in sim.lowered(chunk).items()}
         mem["state_and_list_mib"] = _tree_mib((sim.state, sim.nbrs))
     return {
         "compiled_chunk_memory": mem,
@@ -190,18 +187,14 @@ def bench_engines(engines: list[str], dtype, cells: int, chunk: int, repeats: in
         if memory:
             sim = sims[eng]
             if engine == "single":
-                lowered = md.run_chunk.lower(
-                    "nve", sim.spec, sim.space, sim.pot, sim.params, sim.state, sim.nbrs,
-                    jnp.int32(chunk), block=md.row_block(sim.state.position),
-                    policy=(every, check),
-                )  # fmt: skip
-                arrays = (sim.state, sim.nbrs)
+                mem[eng] = {name: memory_report(low.compile())
+                            for name, low in sim.lowered(chunk).items()}  # fmt: skip
+                mem[eng]["state_and_list_mib"] = _tree_mib((sim.state, sim.nbrs))
             else:
                 lowered = sim._fn("chunk").lower(sim.state, sim.lists, spc, pot, sim.params,
                                                  jnp.int32(chunk), False)  # fmt: skip
-                arrays = (sim.state, sim.lists)
-            mem[eng] = {**memory_report(lowered.compile()),
-                        "state_and_list_mib": _tree_mib(arrays)}  # fmt: skip
+                mem[eng] = {**memory_report(lowered.compile()),
+                            "state_and_list_mib": _tree_mib((sim.state, sim.lists))}  # fmt: skip
     best = dict.fromkeys(sims, float("inf"))
     builds0 = {eng: sim.builds for eng, sim in sims.items()}
     for _ in range(repeats):

@@ -116,16 +116,14 @@ def worker(stage: str, cells: int, chunk: int, cache: str | None) -> dict:
     top = sorted(by_shape.items(), key=lambda kv: -kv[1])[:8]
     out["live_arrays_mib"] = {"total": _mib(sum(by_shape.values())),
                               **{k: _mib(b) for k, b in top}}  # fmt: skip
-    lowered = md.run_chunk.lower(
-        sim.ensemble, sim.spec, sim.space, sim.pot, sim.params, sim.state, sim.nbrs,
-        jnp.int32(chunk), block=md.row_block(sim.state.position), policy=(1, True),
-    )  # fmt: skip
-    ma = lowered.compile().memory_analysis()
-    if ma is not None:
-        out["chunk_memory_analysis_mib"] = {
-            name: _mib(getattr(ma, f"{name}_size_in_bytes", 0))
-            for name in ("argument", "output", "temp", "alias", "generated_code")
-        }
+    out["chunk_memory_analysis_mib"] = {}
+    for name, lowered in sim.lowered(chunk).items():
+        ma = lowered.compile().memory_analysis()
+        if ma is not None:
+            out["chunk_memory_analysis_mib"][name] = {
+                k: _mib(getattr(ma, f"{k}_size_in_bytes", 0))
+                for k in ("argument", "output", "temp", "alias", "generated_code")
+            }
     return out
 
 

@@ -418,3 +418,32 @@ def test_lammps_dump_velocities_map_onto_the_lattice(tmp_path):
     np.savetxt(dump, rows, header="\n" * 8, comments="", fmt="%.17g")
     with pytest.raises(ValueError, match="lattice"):
         peer.lattice_velocities(str(dump), r, edge)
+
+
+@pytest.mark.parametrize(
+    "ensemble, policy",
+    [("nve", (1, True)), ("langevin", (1, True)),
+     pytest.param("nve", (20, False), marks=pytest.mark.slow),
+     pytest.param("langevin", (3, True), marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_host_driven_rebuilds_equal_the_one_program_chunk(ensemble, policy):
+    """``single`` runs its steps and its list builds as separate programs (``md.Simulation``:
+    ``run_until_rebuild``, the lean ``rebuild_list``); the one-program ``md.run_chunk`` (what
+    ``sharded`` runs) from the same start gives the same state and list bit for bit, over
+    chunks that end between builds and at a rebuild, and the same build count."""
+    r, v, spc, pot = lj_system(cells=4, temperature=3.0)
+    kw = dict(dt=0.005, skin=0.3, every=policy[0], check=policy[1], ensemble=ensemble)
+    if ensemble == "langevin":
+        kw.update(kt=1.0, gamma=1.0, key=jax.random.PRNGKey(5))
+    sim = md.make_simulation(spc, pot, r, v, **kw)
+    state, nbrs = sim.state, sim.nbrs
+    for n in (13, 1, 30):
+        sim.advance(n)
+        state, nbrs = md.run_chunk(ensemble, sim.spec, spc, pot, sim.params, state, nbrs,
+                                   jnp.int32(n), policy=policy)  # fmt: skip
+        for name in ("position", "velocity", "force", "key", "step", "e_pair", "virial"):
+            a, b = np.asarray(getattr(sim.state, name)), np.asarray(getattr(state, name))
+            assert np.array_equal(a, b), f"{name} differs after {n} steps"
+        assert np.array_equal(np.asarray(sim.nbrs.idx), np.asarray(nbrs.idx))
+        assert int(sim.nbrs.n_builds) == int(nbrs.n_builds)
+    assert int(nbrs.n_builds) >= 3

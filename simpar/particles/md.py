@@ -9,7 +9,11 @@ Contract:
   * ``run_chunk`` (jitted) advances ``n`` steps of the one MD step (``step.md_step``) with a
     local Verlet list (``local_provider``): the list is rebuilt inside the loop whenever a
     particle moved more than half the skin, and the loop stops early once a capacity
-    overflowed (``NeighborList.error``, ``error_codes``).
+    overflowed (``NeighborList.error``, ``error_codes``). ``sharded`` runs it.
+  * ``run_until_rebuild`` (jitted) runs the same steps up to the first one that needs a new
+    list; ``single`` builds it in a separate program (``lean_programs``, compiled with
+    ``simpar.memory.lean_jit``) and resumes: the same trajectory bit for bit, and the list
+    build, whose compilation dominated the peak memory, compiles in a fifth of the memory.
   * ``Simulation`` is the host loop (``step.Regrowing``): it runs chunks, and when the
     neighbour list reports an overflow it regrows the capacities and redoes the chunk from
     its saved start state, so no interaction is ever dropped.
@@ -181,8 +185,9 @@ def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotentia
     return state._replace(e_pair=e, virial=w), nbrs
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("block", "policy"),
-                   donate_argnums=(5, 6))
+@functools.partial(
+    jax.jit, static_argnums=(0, 1), static_argnames=("block", "policy"), donate_argnums=(5, 6)
+)
 def run_until_rebuild(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotential,
                       params: MDParams, state: MDState, nbrs: NeighborList, n_steps, resume,
                       block: int | None = -1, policy: tuple[int, bool] = (1, True)):  # fmt: skip
@@ -308,6 +313,23 @@ class Simulation(Regrowing):
             lower(*args, **kw).compile()
             release_free_memory()
             self._compiled.add(key)
+
+    def lowered(self, n_steps: int) -> dict:
+        """The lowered programs of a chunk of ``n_steps`` from the current state (for
+        ``memory_analysis()`` and HLO checks): ``steps``, ``rebuild_list`` and ``energy`` on
+        one device; ``chunk`` (``run_chunk``) when the state is placed (``sharded``)."""
+        kw = dict(block=row_block(self.state.position), policy=(self.every, self.check))
+        args = (self.space, self.pot, self.params, self.state, self.nbrs, jnp.int32(n_steps))
+        if self.placement is not None:
+            return {"chunk": run_chunk.lower(self.ensemble, self.spec, *args, **kw)}
+        lean = lean_programs()
+        return {
+            "steps": run_until_rebuild.lower(self.ensemble, self.spec, *args, False, **kw),
+            "rebuild_list": lean["rebuild_list"].lower(
+                self.spec, self.space, self.state, self.nbrs
+            ),  # fmt: skip
+            "energy": lean["energy"].lower(self.space, self.pot, self.state, self.nbrs),
+        }
 
     def _fused_chunk(self, n_steps: int):
         args = (self.space, self.pot, self.params, self.state, self.nbrs, jnp.int32(n_steps))

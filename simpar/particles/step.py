@@ -184,8 +184,10 @@ def run_until_rebuild(ensemble: str, space, pot, params, prov: Provider, state, 
         i, s, nb, _, first = carry
         moved, key, rebuild = _drift(ensemble, space, params, prov, s, nb, None)
         resumed = first & resume  # the stopped step: drifted already, its list is new
-        moved = moved._replace(position=jnp.where(resumed, s.position, moved.position),
-                               velocity=jnp.where(resumed, s.velocity, moved.velocity))
+        moved = moved._replace(
+            position=jnp.where(resumed, s.position, moved.position),
+            velocity=jnp.where(resumed, s.velocity, moved.velocity),
+        )
         key = jnp.where(resumed, s.key, key)
         rebuild = rebuild & ~resumed
 
