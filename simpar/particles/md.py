@@ -217,7 +217,9 @@ def lean_programs() -> dict:
     space, pot, state, nbrs)`` (``compute_forces``), ``build(spec, space, r, valid)`` and
     ``thermo(space, state)``."""
     return {
-        "rebuild_list": lean_jit(_rebuild_list, static_argnums=0, donate_argnums=3),
+        "rebuild_list": lean_jit(
+            _rebuild_list, static_argnums=0, donate_argnums=3, keep_unused=True
+        ),
         "energy": lean_jit(_energy),
         "forces": lean_jit(compute_forces, static_argnums=0),
         "build": neighbors.lean_build(),
