@@ -11,12 +11,14 @@ and momentum constraints hold exactly.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
-from simpar.memory import release_free_memory
+from simpar.memory import lean_jit, release_free_memory
 
 BASIS = {
     "fcc": np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]]),
@@ -79,21 +81,29 @@ def maxwell_boltzmann(key, n: int, temperature: float, mass=1.0, valid=None, dty
       float[n, 3] velocities (sigma / tau).
     """
     dtype = precision.resolve(dtype)
+    mass = np.asarray(mass, dtype)
+    if temperature == 0:
+        return jnp.zeros((n, 3), dtype)
+    # One compiled program (lean: ``simpar.memory.lean_jit``), not a dozen eager operations,
+    # each of whose executables JAX would keep (~50 MB for in.lj, against ~16). The last bits
+    # differ from the eager sums' (as they differ between CPU instruction sets anyway).
+    v = _draw_program()(key, mass, valid, np.asarray(temperature, dtype), n, dtype)
+    jax.block_until_ready(v)
+    release_free_memory()  # the compiler's freed memory, kept by the C heap otherwise
+    return v
+
+
+def _draw(key, mass, valid, temperature, n: int, dtype):
     valid = jnp.ones(n, bool) if valid is None else jnp.asarray(valid, bool)
-    m = jnp.broadcast_to(jnp.asarray(mass, dtype), (n,))
+    m = jnp.broadcast_to(mass, (n,))
     v = jax.random.normal(key, (n, 3), dtype) / jnp.sqrt(m)[:, None]
     v = jnp.where(valid[:, None], v, 0.0)
     nv = jnp.sum(valid)
     p = jnp.sum(m[:, None] * v, axis=0)
     v = jnp.where(valid[:, None], v - p / (m[:, None] * nv), 0.0)
-    if temperature == 0:
-        return jnp.zeros_like(v)
-    t_now = kinetic_temperature(v, m, valid)
-    v = v * jnp.sqrt(jnp.asarray(temperature, dtype) / t_now)
-    # the first draw of a process compiles threefry (~30 MB of compiler memory, freed but kept
-    # by the C heap): hand it back so that later stages' peaks do not stack on it.
-    # (One jitted program would keep fewer executables, but its fused sums differ in the last
-    # bit from these eager ones at some sizes, e.g. 33,333 atoms, so the draw stays eager.)
-    jax.block_until_ready(v)
-    release_free_memory()
-    return v
+    return v * jnp.sqrt(temperature / kinetic_temperature(v, m, valid))
+
+
+@functools.cache
+def _draw_program():
+    return lean_jit(_draw, static_argnums=(4, 5))

@@ -10,10 +10,9 @@ Contract:
     local Verlet list (``local_provider``): the list is rebuilt inside the loop whenever a
     particle moved more than half the skin, and the loop stops early once a capacity
     overflowed (``NeighborList.error``, ``error_codes``). ``sharded`` runs it.
-  * ``run_until_rebuild`` (jitted) runs the same steps up to the first one that needs a new
-    list; ``single`` builds it in a separate program (``lean_programs``, compiled with
-    ``simpar.memory.lean_jit``) and resumes: the same trajectory bit for bit, and the list
-    build, whose compilation dominated the peak memory, compiles in a fifth of the memory.
+  * ``run_until_rebuild`` (jitted) runs the same steps up to the first that needs a new list,
+    which ``single`` builds in a lean program (``lean_programs``) before resuming: the same
+    bits, in a fifth of the compiler's memory.
   * ``Simulation`` is the host loop (``step.Regrowing``): it runs chunks, and when the
     neighbour list reports an overflow it regrows the capacities and redoes the chunk from
     its saved start state, so no interaction is ever dropped.
@@ -200,6 +199,21 @@ def run_until_rebuild(ensemble: str, spec: NeighborSpec, space: Space, pot: Pair
                                    resume)  # fmt: skip
 
 
+def _initial_state(space: Space, position, velocity, mass, valid, key, step) -> MDState:
+    """The state of ``make_simulation`` (positions wrapped, zero forces; ``key`` None:
+    ``PRNGKey(0)``)."""
+    dtype, n = position.dtype, position.shape[0]
+    valid = jnp.asarray(valid, bool)
+    key = jax.random.PRNGKey(0) if key is None else jnp.asarray(key, jnp.uint32)
+    zero = jnp.zeros((), dtype)
+    position = wrap(space, position)
+    return MDState(
+        position, jnp.where(valid[:, None], jnp.asarray(velocity, dtype), 0.0),
+        jnp.zeros_like(position), jnp.broadcast_to(jnp.asarray(mass, dtype), (n,)), valid,
+        key, jnp.asarray(step, jnp.int32), zero, zero,
+    )  # fmt: skip
+
+
 def _rebuild_list(spec: NeighborSpec, space: Space, state: MDState, nbrs: NeighborList):
     return neighbors.merge(nbrs, neighbors.build(spec, space, state.position, state.valid))
 
@@ -214,8 +228,8 @@ def lean_programs() -> dict:
     """The rarely run programs of ``single``, compiled lean (``simpar.memory.lean_jit``):
     ``rebuild_list(spec, space, state, nbrs)`` (a new list merged into ``nbrs``, which is
     donated: build count, errors), ``energy(space, pot, state)`` (pair energy and virial), ``forces(spec,
-    space, pot, state, nbrs)`` (``compute_forces``), ``build(spec, space, r, valid)`` and
-    ``thermo(space, state)``."""
+    space, pot, state, nbrs)`` (``compute_forces``), ``build(spec, space, r, valid)``,
+    ``thermo(space, state)`` and ``initial_state`` (``make_simulation``'s)."""
     return {
         "rebuild_list": lean_jit(
             _rebuild_list, static_argnums=0, donate_argnums=3, keep_unused=True
@@ -224,6 +238,7 @@ def lean_programs() -> dict:
         "forces": lean_jit(compute_forces, static_argnums=0),
         "build": neighbors.lean_build(),
         "thermo": lean_jit(_thermo),
+        "initial_state": lean_jit(_initial_state),
     }
 
 
@@ -308,9 +323,7 @@ class Simulation(Regrowing):
 
     def _compile_once(self, key, lower, *args, **kw) -> None:
         """Compile ``lower(*args, **kw)`` ahead of its first call and hand the compiler's
-        freed memory back before the program allocates its buffers (the call finds the
-        compiled program): on in.lj the peak RSS drops by ~70 MiB
-        (experiments/bench_md_memory.py)."""
+        freed memory back before the program's buffers exist (in.lj: -70 MiB peak RSS)."""
         if key not in self._compiled:
             lower(*args, **kw).compile()
             release_free_memory()
@@ -480,21 +493,14 @@ def make_simulation(
     position = jnp.asarray(position)
     dtype = position.dtype
     n = position.shape[0]
-    velocity = jnp.asarray(velocity, dtype)
-    valid = jnp.ones(n, bool) if valid is None else jnp.asarray(valid, bool)
-    mass = jnp.broadcast_to(jnp.asarray(mass, dtype), (n,))
-    key = jax.random.PRNGKey(0) if key is None else jnp.asarray(key, jnp.uint32)
-    position = wrap(space, position)
+    valid = np.ones(n, bool) if valid is None else valid
+    # one lean program, not a dozen eager operations whose executables JAX would keep
+    state = lean_programs()["initial_state"](space, position, velocity, mass, valid, key, step)
     spec, nbrs = neighbors.allocate(
-        space, position, valid, cutoff=float(pot.cutoff), skin=skin,
+        space, state.position, state.valid, cutoff=float(pot.cutoff), skin=skin,
         capacity_factor=capacity_factor, max_neighbors=max_neighbors,
         column_capacity=column_capacity, all_pairs=all_pairs,
         block=None if placement is None else n,  # sharded: one pass, as ``row_block``
-    )  # fmt: skip
-    zero = jnp.zeros((), dtype)
-    state = MDState(
-        position, jnp.where(valid[:, None], velocity, 0.0), jnp.zeros_like(position),
-        mass, valid, key, jnp.int32(step), zero, zero,
     )  # fmt: skip
     params = make_params(dt, kt, gamma, dtype=dtype)
     if placement is not None:

@@ -397,6 +397,11 @@ def lean_build():
     return lean_jit(build, static_argnums=0)
 
 
+def _sharding(x):
+    """Where ``x`` lives (its ``sharding``; None for host arrays)."""
+    return getattr(x, "sharding", None)
+
+
 def allocate(
     space: Space,
     r,
@@ -432,7 +437,7 @@ def allocate(
         block = BUILD_BLOCK_CPU if jax.default_backend() == "cpu" else 4096
     r = jnp.asarray(r)
     n = r.shape[0]
-    valid = jnp.ones(n, bool) if valid is None else jnp.asarray(valid, bool)
+    valid = np.ones(n, bool) if valid is None else valid
     radius = float(cutoff) + float(skin)
     cells, reach, origin, width = _layout(
         space, np.asarray(r), np.asarray(valid), radius, all_pairs
@@ -452,10 +457,11 @@ def allocate(
     )  # fmt: skip
     jbuild = lean_build()
     nbrs = jbuild(spec, space, r, valid)
-    if bool(nbrs.did_overflow) and max_neighbors is None and column_capacity is None:
+    overflow = lambda nb: int(np.asarray(nb.error)) != 0  # noqa: E731 (on the host)
+    if overflow(nbrs) and max_neighbors is None and column_capacity is None:
         spec = regrow(spec, nbrs, capacity_factor)
         nbrs = jbuild(spec, space, r, valid)
-    if bool(nbrs.did_overflow):  # fixed capacities too small: the caller repairs
+    if overflow(nbrs):  # fixed capacities too small: the caller repairs
         return spec, nbrs
     # Final capacities: given ones kept, measured ones with head-room (rounded so that
     # similar systems share compiled code). The list content does not depend on the
@@ -464,10 +470,11 @@ def allocate(
     m = max_neighbors or fitted.max_neighbors
     c = column_capacity or fitted.column_capacity
     spec = dataclasses.replace(spec, max_neighbors=int(m), column_capacity=int(c))
-    idx = nbrs.idx[:, :m]
-    if idx.shape[1] < m:
-        idx = jnp.pad(idx, ((0, 0), (0, m - idx.shape[1])), constant_values=n)
-    nbrs = jax.block_until_ready(nbrs._replace(idx=idx))
+    if nbrs.idx.shape[1] != m:  # on the host: no eager program kept compiled
+        idx = np.asarray(nbrs.idx)[:, :m]
+        idx = np.pad(idx, ((0, 0), (0, m - idx.shape[1])), constant_values=n)
+        nbrs = nbrs._replace(idx=jax.device_put(idx, _sharding(nbrs.idx)))
+    nbrs = jax.block_until_ready(nbrs)
     # compiling and running the sizing builds frees ~60 MB on in.lj that the C heap would
     # keep: hand it back so that the chunk's compilation does not stack on it
     release_free_memory()
