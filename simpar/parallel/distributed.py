@@ -22,7 +22,14 @@ the checkpoints and the progress. For a frame the state is gathered to every hos
 (``multihost_utils.process_allgather``), so the driver first checks its size against
 ``output.gather_limit_gib``.
 
-On CPU the cross-process collectives go through gloo (set here before JAX starts).
+On CPU the cross-process collectives go through gloo (set here before JAX starts), or, opt-in,
+through MPI: ``SIMPAR_CPU_COLLECTIVES=mpi`` in the environment of processes started by
+``mpirun -np N`` (each still joins with ``--coordinator``; its process id is its MPI rank,
+``OMPI_COMM_WORLD_RANK``). JAX reaches MPI through MPItrampoline, which loads the library
+named by ``MPITRAMPOLINE_LIB``: an MPIwrapper built against the system MPI (README,
+benchmark section). MPI waits by polling in the calling thread, where gloo hands each message
+to a TCP I/O thread; the MPI path cannot run in CI (no MPIwrapper there) and is checked by
+``experiments/bench_collectives.py`` and ``experiments/bench_md.py --collectives mpi``.
 
 Failures end every process (``simpar.parallel.watchdog``): when one process fails (a write
 error, an invalid input, a simulation error, a second signal) it publishes its reason and
@@ -42,6 +49,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import os
 
 from simpar.errors import ConfigError, SimulationError
 
@@ -50,12 +59,15 @@ from simpar.parallel.blocks import gather_blocks, put_blocks, put_global, to_hos
 from simpar.parallel.coordinator import ServiceProcess
 
 HEARTBEAT_S = 25  # jax.distributed's heartbeat timeout (s): a dead peer aborts the others then
+COLLECTIVES_ENV = "SIMPAR_CPU_COLLECTIVES"  # gloo (default) or mpi
+CPU_COLLECTIVES = ("gloo", "mpi")
 
 __all__ = [
     "NoWriter",
     "agree",
     "barrier",
     "check_gather_size",
+    "cpu_collectives",
     "gather_blocks",
     "guard",
     "watch",
@@ -133,9 +145,10 @@ def initialize(
             raise ConfigError(
                 "--coordinator", f"must be HOST:PORT, e.g. 127.0.0.1:12345; got {coordinator!r}"
             )
+    collectives = cpu_collectives(num_processes)
     import jax
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_cpu_collectives_implementation", collectives)
     # JAX's preemption service catches SIGTERM in C++ (simpar.signals never sees it) and
     # waits for a sync point simpar does not have: with it, SIGTERM to a 2-process run hung
     # both processes in their next collective until SIGKILL
@@ -164,8 +177,77 @@ def initialize(
 
     state = jax_distributed.global_state
     watchdog.start(state.client, jax.process_index(), jax.process_count(), coordinator)
+    if collectives == "mpi":
+        _keep_cpu_client()
     if isinstance(state.service, ServiceProcess):
         atexit.register(_shutdown_after_run)  # after the run: end the helper in order
+
+
+def cpu_collectives(num_processes: int | None = None) -> str:
+    """The CPU collectives of a multi-process run: ``SIMPAR_CPU_COLLECTIVES``, checked.
+
+    Unset means ``gloo``. ``mpi`` needs ``MPITRAMPOLINE_LIB`` naming a loadable MPIwrapper
+    library and processes started by ``mpirun`` (``OMPI_COMM_WORLD_SIZE`` or ``PMI_SIZE`` set,
+    equal to ``num_processes`` when that is given): without them MPItrampoline would abort
+    the process, or MPI would start each process alone.
+
+    Args:
+      num_processes: the run's number of processes, if known.
+
+    Returns:
+      ``"gloo"`` or ``"mpi"``.
+
+    Raises:
+      ConfigError: another value, or ``mpi`` without what it needs.
+    """
+    value = os.environ.get(COLLECTIVES_ENV, "gloo")
+    if value not in CPU_COLLECTIVES:
+        raise ConfigError(
+            COLLECTIVES_ENV,
+            f"must be one of {', '.join(CPU_COLLECTIVES)} (unset: gloo), got {value!r}",
+        )
+    if value == "gloo":
+        return value
+    lib = os.environ.get("MPITRAMPOLINE_LIB")
+    if not lib:
+        raise ConfigError(
+            "MPITRAMPOLINE_LIB",
+            f"{COLLECTIVES_ENV}=mpi needs MPITRAMPOLINE_LIB set to an MPIwrapper library "
+            "built against this machine's MPI (libmpiwrapper.so; README, benchmark section)",
+        )
+    try:
+        ctypes.CDLL(lib)
+    except OSError as err:
+        raise ConfigError(
+            "MPITRAMPOLINE_LIB", f"{lib!r} could not be loaded for {COLLECTIVES_ENV}=mpi: {err}"
+        ) from err
+    size = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
+    if size is None:
+        raise ConfigError(
+            COLLECTIVES_ENV,
+            "mpi needs the processes started by mpirun (e.g. mpirun -np 2 --bind-to core ...); "
+            "no OMPI_COMM_WORLD_SIZE / PMI_SIZE in the environment",
+        )
+    if num_processes is not None and int(size) != num_processes:
+        raise ConfigError(
+            "--num-processes",
+            f"{COLLECTIVES_ENV}=mpi: mpirun started {size} processes, --num-processes is "
+            f"{num_processes}",
+        )
+    return value
+
+
+def _keep_cpu_client() -> None:
+    """Keep JAX's CPU client (which holds the MPI communicators) alive to the process's end.
+
+    JAX calls ``MPI_Finalize`` in an ``atexit`` handler; the client, destroyed later in the
+    interpreter's teardown, then frees its communicators and Open MPI aborts the process
+    ("MPI_Comm_free() ... called after MPI_FINALIZE", exit 1). One reference that is never
+    dropped leaves the client to the operating system.
+    """
+    from jax._src import xla_bridge
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(xla_bridge.get_backend("cpu")))
 
 
 @contextlib.contextmanager
