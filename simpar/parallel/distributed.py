@@ -179,6 +179,7 @@ def initialize(
     watchdog.start(state.client, jax.process_index(), jax.process_count(), coordinator)
     if collectives == "mpi":
         _keep_cpu_client()
+        _open_world_communicator()
     if isinstance(state.service, ServiceProcess):
         atexit.register(_shutdown_after_run)  # after the run: end the helper in order
 
@@ -235,6 +236,33 @@ def cpu_collectives(num_processes: int | None = None) -> str:
             f"{num_processes}",
         )
     return value
+
+
+def _open_world_communicator() -> None:
+    """Open the MPI communicator over every device now, on this (MPI's main) thread.
+
+    XLA creates the communicator of a group of devices at the first collective over that
+    group and refuses to do so from any thread but the one that initialized MPI ("MPI:
+    Communicator requested from a thread that is not the one MPI was initialized from");
+    a compiled chunk's collectives may run on a pool thread of XLA:CPU. One small ``psum``
+    over all devices, run here, opens the group every mesh spanning all the processes'
+    devices uses. A collective over a smaller group (a mesh axis within a process's
+    devices) would still need its own first call from this thread.
+    """
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()), ("all",))
+    ones = jax.make_array_from_callback(
+        (len(jax.devices()),), NamedSharding(mesh, P("all")), lambda idx: np.ones(1, np.int32)
+    )
+    count = jax.jit(
+        jax.shard_map(lambda x: jax.lax.psum(x, "all"), mesh=mesh, in_specs=P("all"), out_specs=P())
+    )(ones)
+    if int(np.asarray(count.addressable_data(0))[0]) != len(jax.devices()):
+        raise SimulationError(0, "the first MPI all-reduce over every device gave a wrong sum")
 
 
 def _keep_cpu_client() -> None:
