@@ -18,6 +18,7 @@ compiled chunk (``compiled.memory_analysis()``: arguments, outputs, temporaries,
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import resource
@@ -25,6 +26,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 
 def pinner(cpus: set[int]):
@@ -86,28 +88,29 @@ def _job(args, script: str, n: int, engines: str, cores: list[int]) -> dict:
 
 def _mpirun(cmd: list[str], n: int, n_cores: int) -> list[str]:
     """``cmd`` as ``n`` MPI ranks (``mpirun``, one per core, MPI collectives); each rank's
-    stdout, in rank order (``--tag-output`` lines ``[job,rank]<stdout>:``)."""
+    stdout, in rank order (``--output-filename``: one file per rank)."""
     mpirun = shutil.which("mpirun")
     if mpirun is None or not os.environ.get("MPITRAMPOLINE_LIB"):
         raise SystemExit("bench_md.py: --collectives mpi needs mpirun on PATH and "
                          "MPITRAMPOLINE_LIB naming an MPIwrapper library (README)")  # fmt: skip
     bind = "core" if n <= n_cores else "core:overload-allowed"
-    launcher = [mpirun, "-np", str(n), "--bind-to", bind, "--map-by", "core", "--tag-output",
-                "-x", "SIMPAR_CPU_COLLECTIVES=mpi", "-x", "MPITRAMPOLINE_LIB",
-                "-x", "PYTHONPATH"]  # fmt: skip
-    if n > n_cores:
-        launcher.append("--oversubscribe")
-    if os.geteuid() == 0:
-        launcher.append("--allow-run-as-root")
-    run = subprocess.run(launcher + cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-    if run.returncode:
-        raise SystemExit(f"a benchmark process failed: mpirun returned {run.returncode}")
-    outs = [[] for _ in range(n)]
-    for line in run.stdout.splitlines():
-        tag, sep, text = line.partition("<stdout>:")
-        if sep and tag.startswith("[") and "," in tag:
-            outs[int(tag.rstrip("]").rsplit(",", 1)[1])].append(text)
-    return ["\n".join(o) for o in outs]
+    with tempfile.TemporaryDirectory() as tmp:
+        launcher = [mpirun, "-np", str(n), "--bind-to", bind, "--map-by", "core",
+                    "--output-filename", tmp, "-x", "SIMPAR_CPU_COLLECTIVES=mpi",
+                    "-x", "MPITRAMPOLINE_LIB", "-x", "PYTHONPATH"]  # fmt: skip
+        if n > n_cores:
+            launcher.append("--oversubscribe")
+        if os.geteuid() == 0:
+            launcher.append("--allow-run-as-root")
+        run = subprocess.run(launcher + cmd, stdout=subprocess.DEVNULL, env=dict(os.environ))
+        if run.returncode:
+            raise SystemExit(f"a benchmark process failed: mpirun returned {run.returncode}")
+        outs = []
+        for rank in range(n):
+            (path,) = glob.glob(os.path.join(tmp, "*", f"rank.{rank}", "stdout"))
+            with open(path) as f:
+                outs.append(f.read())
+    return outs
 
 
 def processes(args, script: str) -> dict:
