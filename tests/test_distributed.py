@@ -146,6 +146,41 @@ def test_multi_process_options_are_checked_before_jax_joins_exit_2(tmp_path, cap
     assert not out.exists()
 
 
+def test_cpu_collectives_variable_is_checked_before_jax_joins_exit_2(tmp_path, capsys, monkeypatch):
+    """``SIMPAR_CPU_COLLECTIVES``: a value other than gloo / mpi, and mpi without a loadable
+    ``MPITRAMPOLINE_LIB`` or outside ``mpirun``, exit 2 naming the variable, before JAX
+    joins. The MPI path itself needs an MPIwrapper library and ``mpirun`` and is not run in
+    CI (``experiments/bench_collectives.py``, README benchmark section)."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("jax.distributed.initialize reached with an invalid environment")
+
+    monkeypatch.setattr(jax.distributed, "initialize", never)
+    for var in ("MPITRAMPOLINE_LIB", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    out = tmp_path / "x.nc"
+    run = ["run", *HEAT, "--out", str(out), "--coordinator", "127.0.0.1:1",
+           "--num-processes", "2", "--process-id", "0"]  # fmt: skip
+    cases = [
+        ({"SIMPAR_CPU_COLLECTIVES": "nccl"}, ["SIMPAR_CPU_COLLECTIVES", "gloo, mpi", "'nccl'"]),
+        ({"SIMPAR_CPU_COLLECTIVES": "mpi"}, ["MPITRAMPOLINE_LIB", "MPIwrapper"]),
+        (
+            {"SIMPAR_CPU_COLLECTIVES": "mpi", "MPITRAMPOLINE_LIB": str(tmp_path / "no.so")},
+            ["MPITRAMPOLINE_LIB", "could not be loaded"],
+        ),
+        # a library that loads, but the processes were not started by mpirun
+        ({"SIMPAR_CPU_COLLECTIVES": "mpi", "MPITRAMPOLINE_LIB": "libm.so.6"}, ["mpirun"]),
+    ]
+    for env, words in cases:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        code = main(run)
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err, err
+        assert all(w in err for w in words), err
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_multi_process_input_errors_exit_2_and_write_nothing(tmp_path):
     out = tmp_path / "x.nc"
