@@ -180,8 +180,12 @@ def initialize(
     if collectives == "mpi":
         _keep_cpu_client()
         _open_world_communicator()
-    if isinstance(state.service, ServiceProcess):
-        atexit.register(_shutdown_after_run)  # after the run: end the helper in order
+    if isinstance(state.service, ServiceProcess) or collectives == "mpi":
+        # after the run: end the helper in order; with MPI every process leaves JAX's
+        # shutdown barrier before JAX's MPI_Finalize (registered when the backend started,
+        # so it runs after this), else process 0 waits in the barrier while the others wait
+        # in MPI_Finalize for it
+        atexit.register(_shutdown_after_run)
 
 
 def cpu_collectives(num_processes: int | None = None) -> str:
@@ -304,8 +308,9 @@ def _service_in_helper():
 
 
 def _shutdown_after_run() -> None:
-    """``atexit`` of process 0: after a run that ended well, leave the shutdown barrier with
-    the others, then end the service's helper (``jax.distributed.shutdown``)."""
+    """``atexit`` of process 0 (of every process with MPI): after a run that ended well,
+    leave the shutdown barrier with the others, then end the service's helper
+    (``jax.distributed.shutdown``)."""
     from simpar.parallel import watchdog
 
     if watchdog.finished():
