@@ -30,6 +30,9 @@ named by ``MPITRAMPOLINE_LIB``: an MPIwrapper built against the system MPI (READ
 benchmark section). MPI waits by polling in the calling thread, where gloo hands each message
 to a TCP I/O thread; the MPI path cannot run in CI (no MPIwrapper there) and is checked by
 ``experiments/bench_collectives.py`` and ``experiments/bench_md.py --collectives mpi``.
+XLA's MPI collectives take one CPU device per process (``--devices 1``), and MPItrampoline
+loads ``MPITRAMPOLINE_LIB`` as soon as JAX is imported, whatever the collectives: a library
+that does not load ends any JAX process there with MPItrampoline's own message (exit 1).
 
 Failures end every process (``simpar.parallel.watchdog``): when one process fails (a write
 error, an invalid input, a simulation error, a second signal) it publishes its reason and
@@ -192,9 +195,11 @@ def cpu_collectives(num_processes: int | None = None) -> str:
     """The CPU collectives of a multi-process run: ``SIMPAR_CPU_COLLECTIVES``, checked.
 
     Unset means ``gloo``. ``mpi`` needs ``MPITRAMPOLINE_LIB`` naming a loadable MPIwrapper
-    library and processes started by ``mpirun`` (``OMPI_COMM_WORLD_SIZE`` or ``PMI_SIZE`` set,
-    equal to ``num_processes`` when that is given): without them MPItrampoline would abort
-    the process, or MPI would start each process alone.
+    library, processes started by ``mpirun`` (``OMPI_COMM_WORLD_SIZE`` or ``PMI_SIZE`` set,
+    equal to ``num_processes`` when that is given) and one CPU device per process
+    (``jax_num_cpu_devices``, set before this call): without them MPItrampoline would abort
+    the process, MPI would start each process alone, or XLA would refuse the collectives of a
+    second device's thread.
 
     Args:
       num_processes: the run's number of processes, if known.
@@ -220,12 +225,19 @@ def cpu_collectives(num_processes: int | None = None) -> str:
             f"{COLLECTIVES_ENV}=mpi needs MPITRAMPOLINE_LIB set to an MPIwrapper library "
             "built against this machine's MPI (libmpiwrapper.so; README, benchmark section)",
         )
+    # MPItrampoline (in jaxlib) loads the library when JAX is imported and ends the process
+    # there (exit 1, "MPItrampoline: Could not dlopen library") if it cannot: this check
+    # speaks only where the variable was set after JAX started (library use, tests)
     try:
-        ctypes.CDLL(lib)
+        wrapper = ctypes.CDLL(lib)
     except OSError as err:
         raise ConfigError(
             "MPITRAMPOLINE_LIB", f"{lib!r} could not be loaded for {COLLECTIVES_ENV}=mpi: {err}"
         ) from err
+    if not hasattr(wrapper, "mpiwrapper_version_major"):
+        raise ConfigError(
+            "MPITRAMPOLINE_LIB", f"{lib!r} is not an MPIwrapper library (libmpiwrapper.so)"
+        )
     size = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
     if size is None:
         raise ConfigError(
@@ -238,6 +250,16 @@ def cpu_collectives(num_processes: int | None = None) -> str:
             "--num-processes",
             f"{COLLECTIVES_ENV}=mpi: mpirun started {size} processes, --num-processes is "
             f"{num_processes}",
+        )
+    import jax
+
+    devices = jax.config.jax_num_cpu_devices
+    if devices not in (-1, 1):
+        raise ConfigError(
+            "--devices",
+            f"{COLLECTIVES_ENV}=mpi runs one CPU device per process (XLA's MPI collectives "
+            f"refuse more: one thread per process may call MPI), got {devices}; use --devices 1 "
+            "and one process per core, or gloo",
         )
     return value
 
