@@ -32,6 +32,7 @@ Run (about a minute; a job that hangs is killed after ``--timeout`` seconds)::
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -39,6 +40,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 SIZES = (8, 64 * 1024, 1_600_000)  # bytes per device per ppermute
@@ -71,11 +73,13 @@ def _launch(args, collectives: str, pin: bool) -> tuple[list[str], list[int]]:
         mpirun = shutil.which("mpirun")
         if mpirun is None:
             raise SystemExit("bench_collectives.py: --collectives mpi needs mpirun on PATH")
+        tmp = tempfile.mkdtemp()  # one stdout file per rank: mpirun's merged output interleaves
         launcher = [mpirun, "-np", "2", "--bind-to", "core" if pin else "none",
-                    "--map-by", "core", "-x", "MPITRAMPOLINE_LIB", "-x", "PYTHONPATH"]  # fmt: skip
+                    "--map-by", "core", "--output-filename", tmp,
+                    "-x", "MPITRAMPOLINE_LIB", "-x", "PYTHONPATH"]  # fmt: skip
         if os.geteuid() == 0:
             launcher.append("--allow-run-as-root")
-        procs = [subprocess.Popen(launcher + cmd, stdout=subprocess.PIPE, text=True, env=env)]
+        procs = [subprocess.Popen(launcher + cmd, stdout=subprocess.DEVNULL, env=env)]
     outs = []
     for p in procs:
         try:
@@ -85,6 +89,12 @@ def _launch(args, collectives: str, pin: bool) -> tuple[list[str], list[int]]:
                 q.kill()
             raise SystemExit(f"bench_collectives.py: a {collectives} job hung past "
                              f"{args.timeout} s") from None  # fmt: skip
+    if collectives == "mpi":
+        outs = []
+        for path in sorted(glob.glob(os.path.join(tmp, "*", "rank.*", "stdout"))):
+            with open(path) as f:
+                outs.append(f.read())
+        shutil.rmtree(tmp)
     return outs, [p.returncode for p in procs]
 
 

@@ -394,7 +394,7 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true",
                     help="memory_analysis() of each compiled chunk and its arrays")  # fmt: skip
     ap.add_argument("--collectives", choices=("gloo", "mpi"), default="gloo",
-                    help="CPU collectives of --processes N (mpi: workers started by mpirun)")  # fmt: skip
+                    help="CPU collectives of --processes N (mpi: started by mpirun)")  # fmt: skip
     ap.add_argument("--coordinator", help=argparse.SUPPRESS)  # set for the worker processes
     ap.add_argument("--num-processes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
