@@ -399,6 +399,8 @@ def main() -> None:
     ap.add_argument("--num-processes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.collectives == "mpi" and args.processes < 2 and not args.coordinator:
+        ap.error("--collectives mpi is for --processes N (N >= 2)")
     if args.coordinator:  # a worker: one CPU device of a multi-process run
         from simpar.parallel import distributed
 
