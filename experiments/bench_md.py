@@ -43,6 +43,9 @@ sooner (the exact policy rebuilt 14 times in the first 100 steps where LAMMPS re
 LAMMPS's velocities simpar rebuilds 11 times too and prints LAMMPS's step-100 thermo).
 The process holds 8 virtual CPU devices only for ``--engines`` and ``--comm``; ``single`` alone
 runs with one, as ``simpar run`` does (with 8 it took 1.3x the CPU time).
+``--collectives mpi`` (with ``--processes N``) starts the workers with ``mpirun -np N
+--bind-to core`` and JAX's MPI collectives instead of gloo (``bench_md_procs.py``; needs
+``MPITRAMPOLINE_LIB``, README; not run in CI).
 ``--comm`` reports the collectives in the compiled ``sharded`` LJ chunk (HLO) and the bytes
 they move per step, beside the bytes of the ghost exchange of the decomposition.
 """
@@ -383,15 +386,22 @@ def main() -> None:
                     "(lammps_peer.initial_velocities; --vs-lammps makes one)")  # fmt: skip
     ap.add_argument("--memory", action="store_true",
                     help="memory_analysis() of each compiled chunk and its arrays")  # fmt: skip
+    ap.add_argument("--collectives", choices=("gloo", "mpi"), default="gloo",
+                    help="CPU collectives of --processes N (mpi: started by mpirun)")  # fmt: skip
     ap.add_argument("--coordinator", help=argparse.SUPPRESS)  # set for the worker processes
     ap.add_argument("--num-processes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.collectives == "mpi" and args.processes < 2 and not args.coordinator:
+        ap.error("--collectives mpi is for --processes N (N >= 2)")
     if args.coordinator:  # a worker: one CPU device of a multi-process run
         from simpar.parallel import distributed
 
         jax.config.update("jax_num_cpu_devices", 1)
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        pid = args.process_id
+        if pid is None:  # an MPI rank (--collectives mpi)
+            pid = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        distributed.initialize(args.coordinator, args.num_processes, pid)
     elif args.engines or args.comm:
         # 8 virtual CPU devices only where a run needs them: ``single`` in a process holding 8
         # took 1.3x the CPU time of one holding 1 (in.lj, 100 steps, one pinned core), and a

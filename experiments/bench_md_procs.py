@@ -1,10 +1,15 @@
 """Helpers of ``bench_md.py``: pinned multi-process jobs, interleaved rounds, memory figures.
 
 ``processes(args, script)`` runs ``bench_md.py``'s engines as ``--processes N`` processes of
-one CPU device each (``jax.distributed``, gloo, like N MPI ranks), each pinned to its own core
-with ``os.sched_setaffinity`` before it starts, against one pinned 1-device process, in
-interleaved rounds (1 process, N processes, 1, N, ...), keeping each job's best, and records
-the load average before every job: on a shared machine such figures are only indicative.
+one CPU device each (``jax.distributed``, like N MPI ranks), each pinned to its own core,
+against one pinned 1-device process, in interleaved rounds (1 process, N processes, 1, N, ...),
+keeping each job's best, and records the load average before every job: on a shared machine
+such figures are only indicative. ``--collectives gloo`` (the default) starts the workers here,
+pinned with ``os.sched_setaffinity`` before they start; ``--collectives mpi`` starts them with
+``mpirun -np N --bind-to core --map-by core`` and ``SIMPAR_CPU_COLLECTIVES=mpi`` (JAX's
+MPItrampoline collectives; ``MPITRAMPOLINE_LIB`` must name an MPIwrapper library: README,
+benchmark section; this path cannot run in CI). Either way each worker records the affinity it
+sees.
 
 ``rss_mib`` / ``memory_report`` give the peak resident memory above the Python + JAX baseline
 (RSS once the backend is up, before any system is built) and the sizes XLA reports for a
@@ -13,12 +18,15 @@ compiled chunk (``compiled.memory_analysis()``: arguments, outputs, temporaries,
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 
 def pinner(cpus: set[int]):
@@ -63,16 +71,46 @@ def _job(args, script: str, n: int, engines: str, cores: list[int]) -> dict:
            "--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n)]  # fmt: skip
     if args.memory:
         cmd.append("--memory")
-    procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE,
-                              text=True, env=dict(os.environ),
-                              preexec_fn=pinner({cores[i % len(cores)]}))  # fmt: skip
-             for i in range(n)]  # fmt: skip
-    outs = [p.communicate()[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"a benchmark process failed: {[p.returncode for p in procs]}")
+    if args.collectives == "mpi":
+        outs = _mpirun(cmd, n, len(cores))
+    else:
+        procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE,
+                                  text=True, env=dict(os.environ),
+                                  preexec_fn=pinner({cores[i % len(cores)]}))  # fmt: skip
+                 for i in range(n)]  # fmt: skip
+        outs = [p.communicate()[0] for p in procs]
+        if any(p.returncode for p in procs):
+            raise SystemExit(f"a benchmark process failed: {[p.returncode for p in procs]}")
     res = [json.loads(o[o.index("{\n") :]) for o in outs]
     return {**res[0], "affinity": [r["affinity"] for r in res],
             "memory_per_process": [r["memory"] for r in res]}  # fmt: skip
+
+
+def _mpirun(cmd: list[str], n: int, n_cores: int) -> list[str]:
+    """``cmd`` as ``n`` MPI ranks (``mpirun``, one per core, MPI collectives); each rank's
+    stdout, in rank order (``--output-filename``: one file per rank)."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None or not os.environ.get("MPITRAMPOLINE_LIB"):
+        raise SystemExit("bench_md.py: --collectives mpi needs mpirun on PATH and "
+                         "MPITRAMPOLINE_LIB naming an MPIwrapper library (README)")  # fmt: skip
+    bind = "core" if n <= n_cores else "core:overload-allowed"
+    with tempfile.TemporaryDirectory() as tmp:
+        launcher = [mpirun, "-np", str(n), "--bind-to", bind, "--map-by", "core",
+                    "--output-filename", tmp, "-x", "SIMPAR_CPU_COLLECTIVES=mpi",
+                    "-x", "MPITRAMPOLINE_LIB", "-x", "PYTHONPATH"]  # fmt: skip
+        if n > n_cores:
+            launcher.append("--oversubscribe")
+        if os.geteuid() == 0:
+            launcher.append("--allow-run-as-root")
+        run = subprocess.run(launcher + cmd, stdout=subprocess.DEVNULL, env=dict(os.environ))
+        if run.returncode:
+            raise SystemExit(f"a benchmark process failed: mpirun returned {run.returncode}")
+        outs = []
+        for rank in range(n):
+            (path,) = glob.glob(os.path.join(tmp, "*", f"rank.{rank}", "stdout"))
+            with open(path) as f:
+                outs.append(f.read())
+    return outs
 
 
 def processes(args, script: str) -> dict:
@@ -101,6 +139,7 @@ def processes(args, script: str) -> dict:
                     if key not in best or r["atom_steps_per_s"] > best[key]["atom_steps_per_s"]:
                         best[key] = {**r, "affinity": res["affinity"]}
     out = {"processes": args.processes, "devices_per_process": 1, "rounds": args.rounds,
+           "collectives": args.collectives,
            "cores_available": cores, "oversubscribed": args.processes > len(cores),
            "neighbor_policy": {"every": args.every, "check": args.check},
            "load_average_before_each_job": loads,

@@ -8,11 +8,13 @@ one-process references and the options checked before JAX starts run in this pro
 (``simpar.cli.main``).
 """
 
+import ctypes
 import json
 import os
 import socket
 import subprocess
 import sys
+import types
 
 import h5py
 import jax
@@ -143,6 +145,48 @@ def test_multi_process_options_are_checked_before_jax_joins_exit_2(tmp_path, cap
     code = main(["run", *HEAT, "--out", str(out), "--coordinator", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert code == 2 and "--num-processes" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_cpu_collectives_variable_is_checked_before_jax_joins_exit_2(tmp_path, capsys, monkeypatch):
+    """``SIMPAR_CPU_COLLECTIVES``: a value other than gloo / mpi, and mpi without a loadable
+    MPIwrapper in ``MPITRAMPOLINE_LIB``, outside ``mpirun`` or with more than one device per
+    process, exit 2 naming the variable or option, before JAX joins. The MPI path itself
+    needs an MPIwrapper library and ``mpirun`` and is not run in CI
+    (``experiments/bench_collectives.py``, README benchmark section)."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("jax.distributed.initialize reached with an invalid environment")
+
+    monkeypatch.setattr(jax.distributed, "initialize", never)
+    for var in ("MPITRAMPOLINE_LIB", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    out = tmp_path / "x.nc"
+    run = ["run", *HEAT, "--out", str(out), "--coordinator", "127.0.0.1:1",
+           "--num-processes", "2", "--process-id", "0"]  # fmt: skip
+    cases = [
+        ({"SIMPAR_CPU_COLLECTIVES": "nccl"}, ["SIMPAR_CPU_COLLECTIVES", "gloo, mpi", "'nccl'"]),
+        ({"SIMPAR_CPU_COLLECTIVES": "mpi"}, ["MPITRAMPOLINE_LIB", "MPIwrapper"]),
+        (
+            {"SIMPAR_CPU_COLLECTIVES": "mpi", "MPITRAMPOLINE_LIB": str(tmp_path / "no.so")},
+            ["MPITRAMPOLINE_LIB", "could not be loaded"],
+        ),
+        ({"MPITRAMPOLINE_LIB": "libm.so.6"}, ["MPITRAMPOLINE_LIB", "not an MPIwrapper"]),
+        # an MPIwrapper (stood in for below), but the processes were not started by mpirun
+        ({"MPITRAMPOLINE_LIB": "libmpiwrapper.so"}, ["mpirun"]),
+        # as if started by mpirun, but more than one CPU device per process (8 in the tests)
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, ["--devices", "one CPU device per process"]),
+    ]
+    wrapper = types.SimpleNamespace(mpiwrapper_version_major=2)
+    for env, words in cases:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        if env.get("MPITRAMPOLINE_LIB") == "libmpiwrapper.so":
+            monkeypatch.setattr(ctypes, "CDLL", lambda path: wrapper)
+        code = main(run)
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err, err
+        assert all(w in err for w in words), err
     assert not out.exists()
 
 

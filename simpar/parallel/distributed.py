@@ -22,7 +22,9 @@ the checkpoints and the progress. For a frame the state is gathered to every hos
 (``multihost_utils.process_allgather``), so the driver first checks its size against
 ``output.gather_limit_gib``.
 
-On CPU the cross-process collectives go through gloo (set here before JAX starts).
+On CPU the cross-process collectives go through gloo (set here before JAX starts), or, opt-in,
+through MPI: ``SIMPAR_CPU_COLLECTIVES=mpi`` in processes started by ``mpirun``, one CPU device
+each (``simpar.parallel.cpu_collectives``, which checks the setting and its needs).
 
 Failures end every process (``simpar.parallel.watchdog``): when one process fails (a write
 error, an invalid input, a simulation error, a second signal) it publishes its reason and
@@ -44,6 +46,7 @@ import atexit
 import contextlib
 
 from simpar.errors import ConfigError, SimulationError
+from simpar.parallel import cpu_collectives
 
 # the host <-> device transfers live with the block mapping; re-exported for existing callers
 from simpar.parallel.blocks import gather_blocks, put_blocks, put_global, to_host
@@ -133,9 +136,10 @@ def initialize(
             raise ConfigError(
                 "--coordinator", f"must be HOST:PORT, e.g. 127.0.0.1:12345; got {coordinator!r}"
             )
+    collectives = cpu_collectives.choose(num_processes)
     import jax
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_cpu_collectives_implementation", collectives)
     # JAX's preemption service catches SIGTERM in C++ (simpar.signals never sees it) and
     # waits for a sync point simpar does not have: with it, SIGTERM to a 2-process run hung
     # both processes in their next collective until SIGKILL
@@ -164,8 +168,15 @@ def initialize(
 
     state = jax_distributed.global_state
     watchdog.start(state.client, jax.process_index(), jax.process_count(), coordinator)
-    if isinstance(state.service, ServiceProcess):
-        atexit.register(_shutdown_after_run)  # after the run: end the helper in order
+    if collectives == "mpi":
+        cpu_collectives.keep_cpu_client()
+        cpu_collectives.open_world_communicator()
+    if isinstance(state.service, ServiceProcess) or collectives == "mpi":
+        # after the run: end the helper in order; with MPI every process leaves JAX's
+        # shutdown barrier before JAX's MPI_Finalize (registered when the backend started,
+        # so it runs after this), else process 0 waits in the barrier while the others wait
+        # in MPI_Finalize for it
+        atexit.register(_shutdown_after_run)
 
 
 @contextlib.contextmanager
@@ -194,8 +205,9 @@ def _service_in_helper():
 
 
 def _shutdown_after_run() -> None:
-    """``atexit`` of process 0: after a run that ended well, leave the shutdown barrier with
-    the others, then end the service's helper (``jax.distributed.shutdown``)."""
+    """``atexit`` of process 0 (of every process with MPI): after a run that ended well,
+    leave the shutdown barrier with the others, then end the service's helper
+    (``jax.distributed.shutdown``)."""
     from simpar.parallel import watchdog
 
     if watchdog.finished():
