@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
-from simpar.memory import lean_jit, release_free_memory
+from simpar.memory import drop_compiled_if_cached, lean_jit, release_free_memory
 
 BASIS = {
     "fcc": np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]]),
@@ -89,7 +89,8 @@ def maxwell_boltzmann(key, n: int, temperature: float, mass=1.0, valid=None, dty
     # differ from the eager sums' (as they differ between CPU instruction sets anyway).
     v = _draw_program()(key, mass, valid, np.asarray(temperature, dtype), n, dtype)
     jax.block_until_ready(v)
-    release_free_memory()  # the compiler's freed memory, kept by the C heap otherwise
+    if not drop_compiled_if_cached(_draw_program()):  # reloaded from JAX's cache when on
+        release_free_memory()  # the compiler's freed memory, kept by the C heap otherwise
     return v
 
 

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
-from simpar.memory import lean_jit, release_free_memory
+from simpar.memory import drop_compiled_if_cached, lean_jit, release_free_memory
 from simpar.parallel.distributed import to_host
 from simpar.particles import error_codes, neighbors, observables
 from simpar.particles.forces import ROW_BLOCK_CPU as ROW_BLOCK_CPU  # former home: re-exported
@@ -190,10 +190,9 @@ def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotentia
 def run_until_rebuild(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotential,
                       params: MDParams, state: MDState, nbrs: NeighborList, n_steps, resume,
                       block: int | None = -1, policy: tuple[int, bool] = (1, True)):  # fmt: skip
-    """``step.run_until_rebuild`` with the local list: the time steps of ``single`` between
-    two list builds (``Simulation`` rebuilds with ``rebuild_list`` and resumes); arguments as
-    ``run_chunk`` plus ``resume`` (bool scalar); ``state`` and ``nbrs`` are donated (pass
-    copies of arrays still needed). Returns (state, nbrs, done, pending)."""
+    """``step.run_until_rebuild`` with the local list: ``single``'s steps between two list
+    builds (``Simulation`` rebuilds with ``rebuild_list``); arguments as ``run_chunk`` plus
+    ``resume`` (bool); ``state``, ``nbrs`` donated. Returns (state, nbrs, done, pending)."""
     prov = local_provider(spec, space, block, policy)
     return run_until_rebuild_steps(ensemble, space, pot, params, prov, state, nbrs, n_steps,
                                    resume)  # fmt: skip
@@ -226,14 +225,12 @@ def _energy(space: Space, pot: PairPotential, state: MDState, nbrs: NeighborList
 @functools.cache
 def lean_programs() -> dict:
     """The rarely run programs of ``single``, compiled lean (``simpar.memory.lean_jit``):
-    ``rebuild_list(spec, space, state, nbrs)`` (a new list merged into ``nbrs``, which is
-    donated: build count, errors), ``energy(space, pot, state)`` (pair energy and virial), ``forces(spec,
-    space, pot, state, nbrs)`` (``compute_forces``), ``build(spec, space, r, valid)``,
-    ``thermo(space, state)`` and ``initial_state`` (``make_simulation``'s)."""
+    ``rebuild_list(spec, space, state, nbrs)`` (a new list merged into the donated ``nbrs``),
+    ``energy(space, pot, state, nbrs)``, ``forces`` (``compute_forces``), ``build``
+    (``neighbors.build``), ``thermo`` and ``initial_state`` (``make_simulation``'s)."""
+    rebuild = lean_jit(_rebuild_list, static_argnums=0, donate_argnums=3, keep_unused=True)
     return {
-        "rebuild_list": lean_jit(
-            _rebuild_list, static_argnums=0, donate_argnums=3, keep_unused=True
-        ),
+        "rebuild_list": rebuild,
         "energy": lean_jit(_energy),
         "forces": lean_jit(compute_forces, static_argnums=0),
         "build": neighbors.lean_build(),
@@ -294,24 +291,27 @@ class Simulation(Regrowing):
 
     # the regrow loop's hooks (step.Regrowing) ---------------------------------------------
     def _chunk(self, n_steps: int):
+        kw = dict(block=row_block(self.state.position), policy=(self.every, self.check))
         if self.placement is not None:  # sharded: one program, partitioned by XLA
-            return self._fused_chunk(n_steps)
+            self._compile_once(n_steps, self.state, self.nbrs)
+            return run_chunk(self.ensemble, self.spec, self.space, self.pot, self.params,
+                             self.state, self.nbrs, jnp.int32(n_steps), **kw)  # fmt: skip
         # one device: the time steps (fusion emitters: fast forces) and the list builds (lean:
         # their compilation would dominate the peak memory) are separate programs; the host
         # rebuilds between them, ~1 call per 10 steps, the same steps bit for bit
-        kw = dict(block=row_block(self.state.position), policy=(self.every, self.check))
         steps = functools.partial(run_until_rebuild, self.ensemble, self.spec, self.space,
                                   self.pot, self.params, **kw)  # fmt: skip
         lean = lean_programs()
-        # the programs donate their inputs; the committed start stays for a redo (``_advance``)
-        state, nbrs = jax.device_put((self.state, self.nbrs), may_alias=False)
+        # copies (the programs donate them; the start stays for a redo, ``_advance``) committed
+        # to the device, as every program output is: one compiled signature
+        where = self.state.position.sharding
+        self._compile_once(n_steps, *jax.tree.map(  # for arrays as the calls' (committed)
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where),
+            (self.state, self.nbrs)))  # fmt: skip
+        state, nbrs = jax.device_put((self.state, self.nbrs), where, may_alias=False)
         done, resume = 0, False
-        self._compile_once(("steps", self.ensemble, self.spec, kw["block"], kw["policy"]),
-                           run_until_rebuild.lower, self.ensemble, self.spec, self.space,
-                           self.pot, self.params, state, nbrs, jnp.int32(n_steps), False,
-                           **kw)  # fmt: skip
         while True:
-            state, nbrs, k, pending = steps(state, nbrs, jnp.int32(n_steps - done), resume)
+            state, nbrs, k, pending = steps(state, nbrs, np.int32(n_steps - done), np.bool_(resume))
             done += int(k)
             if not bool(pending) or int(nbrs.error):
                 break
@@ -321,37 +321,37 @@ class Simulation(Regrowing):
             return state, nbrs
         return lean["energy"](self.space, self.pot, state, nbrs), nbrs
 
-    def _compile_once(self, key, lower, *args, **kw) -> None:
-        """Compile ``lower(*args, **kw)`` ahead of its first call and hand the compiler's
-        freed memory back before the program's buffers exist (in.lj: -70 MiB peak RSS)."""
+    def _compile_once(self, n_steps: int, state, nbrs) -> None:
+        """Compile the chunk's time steps (``lowered``) ahead of their first call, handing the
+        compiler's freed memory back before the chunk's buffers exist (in.lj: -70 MiB peak
+        RSS); the call finds the compiled program (the lean ones compile at their first)."""
+        key = (self.ensemble, self.spec, row_block(self.state.position), self.every,
+               self.check, self.placement is None)  # fmt: skip
         if key not in self._compiled:
-            lower(*args, **kw).compile()
-            release_free_memory()
+            for low in self.lowered(n_steps, lean=False, state=state, nbrs=nbrs).values():
+                low.compile()
+                release_free_memory()
             self._compiled.add(key)
 
-    def lowered(self, n_steps: int) -> dict:
+    def lowered(self, n_steps: int, lean: bool = True, state=None, nbrs=None) -> dict:
         """The lowered programs of a chunk of ``n_steps`` from the current state (for
         ``memory_analysis()`` and HLO checks): ``steps``, ``rebuild_list`` and ``energy`` on
-        one device; ``chunk`` (``run_chunk``) when the state is placed (``sharded``)."""
-        kw = dict(block=row_block(self.state.position), policy=(self.every, self.check))
-        args = (self.space, self.pot, self.params, self.state, self.nbrs, jnp.int32(n_steps))
+        one device (the last two only with ``lean``); ``chunk`` (``run_chunk``) when the
+        state is placed (``sharded``). ``state``, ``nbrs``: other arrays of the same layout."""
+        state, nbrs = (self.state, self.nbrs) if state is None else (state, nbrs)
+        kw = dict(block=row_block(state.position), policy=(self.every, self.check))
+        args = (self.space, self.pot, self.params, state, nbrs, np.int32(n_steps))
         if self.placement is not None:
             return {"chunk": run_chunk.lower(self.ensemble, self.spec, *args, **kw)}
+        steps = run_until_rebuild.lower(self.ensemble, self.spec, *args, np.bool_(False), **kw)
+        if not lean:
+            return {"steps": steps}
         lean = lean_programs()
         return {
-            "steps": run_until_rebuild.lower(self.ensemble, self.spec, *args, False, **kw),
-            "rebuild_list": lean["rebuild_list"].lower(
-                self.spec, self.space, self.state, self.nbrs
-            ),  # fmt: skip
-            "energy": lean["energy"].lower(self.space, self.pot, self.state, self.nbrs),
+            "steps": steps,
+            "rebuild_list": lean["rebuild_list"].lower(self.spec, self.space, state, nbrs),
+            "energy": lean["energy"].lower(self.space, self.pot, state, nbrs),
         }
-
-    def _fused_chunk(self, n_steps: int):
-        args = (self.space, self.pot, self.params, self.state, self.nbrs, jnp.int32(n_steps))
-        kw = dict(block=row_block(self.state.position), policy=(self.every, self.check))
-        self._compile_once((self.ensemble, self.spec, kw["block"], kw["policy"]),
-                           run_chunk.lower, self.ensemble, self.spec, *args, **kw)  # fmt: skip
-        return run_chunk(self.ensemble, self.spec, *args, **kw)
 
     def _error(self, nbrs) -> int:
         return int(np.asarray(nbrs.error))
@@ -514,5 +514,7 @@ def make_simulation(
     sim.nbrs = sim._repair(nbrs)
     sim.state = lean_programs()["forces"](sim.spec, space, pot, state, sim.nbrs)
     jax.block_until_ready(sim.state)
-    release_free_memory()  # set-up's freed compiler memory (``simpar.memory``)
+    lean = lean_programs()  # set-up's programs, reloaded from JAX's cache when it is on
+    if not drop_compiled_if_cached(lean["initial_state"], lean["build"], lean["forces"]):
+        release_free_memory()  # set-up's freed compiler memory (``simpar.memory``)
     return sim
