@@ -278,6 +278,15 @@ def build(
         cpad = pad(cell_r)
         cs_soa = [(cell_r if spec.cells is None else cell_r[order])[:, d] for d in range(3)]
 
+    by_id = rank = None
+    if ids is not None:
+        # rows sorted by each slot's rank in id order: a one-array int32 sort of the rows, as
+        # without ids (sorting (id, slot) pairs costs 2.5x the whole build on XLA:CPU);
+        # ids within a row are distinct, so the rank order is the id order
+        by_id = jnp.argsort(jnp.where(ids >= 0, ids, _BIG), stable=True).astype(jnp.int32)
+        by_id = jnp.concatenate([by_id, jnp.full(1, n, jnp.int32)])  # the sentinel n stays n
+        rank = jnp.zeros(n + 1, jnp.int32).at[by_id].set(jnp.arange(n + 1, dtype=jnp.int32))
+
     def one_block(b):
         sl = lambda x: jax.lax.dynamic_slice_in_dim(x, b * blk, blk)  # noqa: E731
         blocked = tuple(map(sl, per_particle))
@@ -304,24 +313,26 @@ def build(
         flat = sidx.reshape(blk, -1)
         got = jnp.take_along_axis(flat, jnp.minimum(src, flat.shape[1] - 1), axis=1)
         idx = jnp.where(src < flat.shape[1], order[got], n)
+        if by_id is None:  # each row sorted here, in its block: no whole-list temporaries
+            idx = jnp.sort(idx, axis=1)  # the sentinel n sorts last
+        else:
+            idx = by_id[jnp.sort(rank[idx], axis=1)]
         if spec.cells is None:
             col = jnp.int32(0)
         else:
             col = jnp.max(jnp.where(vi[:, None], blocked[2] + blocked[4], 0))
         return idx, jnp.max(cnt), col
 
-    idx, cnt, col = jax.lax.map(one_block, jnp.arange(nblk))
-    idx = idx.reshape(npad, m)[:nrow]
-    if ids is None:
-        idx = jnp.sort(idx, axis=1)  # the sentinel n sorts last
-    else:
-        # sort by each slot's rank in id order: a one-array int32 sort of the rows, as
-        # without ids (sorting (id, slot) pairs costs 2.5x the whole build on XLA:CPU);
-        # ids within a row are distinct, so the rank order is the id order
-        by_id = jnp.argsort(jnp.where(ids >= 0, ids, _BIG), stable=True).astype(jnp.int32)
-        by_id = jnp.concatenate([by_id, jnp.full(1, n, jnp.int32)])  # the sentinel n stays n
-        rank = jnp.zeros(n + 1, jnp.int32).at[by_id].set(jnp.arange(n + 1, dtype=jnp.int32))
-        idx = by_id[jnp.sort(rank[idx], axis=1)]
+    def fill(b, carry):  # each block's rows written in place into the list (no stacking)
+        out, c_max, col_max = carry
+        rows, c, co = one_block(b)
+        out = jax.lax.dynamic_update_slice_in_dim(out, rows, b * blk, axis=0)
+        return out, jnp.maximum(c_max, c), jnp.maximum(col_max, co)
+
+    zero = jnp.zeros((), jnp.int32)
+    init = (jnp.full((npad, m), n, jnp.int32), zero, zero)
+    idx, cnt, col = jax.lax.fori_loop(0, nblk, fill, init)
+    idx = idx[:nrow]
     needed = jnp.stack([jnp.max(cnt), jnp.max(col)]).astype(jnp.int32)
     return NeighborList(idx, r[:nrow], error_bits(spec, needed), needed, jnp.int32(1))
 
