@@ -114,16 +114,16 @@ def open_world_communicator() -> None:
     """
     import jax
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh = Mesh(np.array(jax.devices()), ("all",))
+    from simpar.parallel import blocks
+
+    mesh = blocks.make_mesh((len(jax.devices()),), ("all",), jax.devices())
     ones = jax.make_array_from_callback(
-        (len(jax.devices()),), NamedSharding(mesh, P("all")), lambda idx: np.ones(1, np.int32)
+        (len(jax.devices()),), blocks.sharding(mesh, "all"), lambda idx: np.ones(1, np.int32)
     )
-    count = jax.jit(
-        jax.shard_map(lambda x: jax.lax.psum(x, "all"), mesh=mesh, in_specs=P("all"), out_specs=P())
-    )(ones)
+    psum = blocks.shard_map(lambda x: jax.lax.psum(x, "all"), mesh, P("all"), P())
+    count = jax.jit(psum)(ones)
     if int(np.asarray(count.addressable_data(0))[0]) != len(jax.devices()):
         raise SimulationError(0, "the first MPI all-reduce over every device gave a wrong sum")
 
