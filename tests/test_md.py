@@ -422,7 +422,8 @@ def test_lammps_dump_velocities_map_onto_the_lattice(tmp_path):
 
 @pytest.mark.parametrize(
     "ensemble, policy",
-    [("nve", (1, True)), ("langevin", (1, True)),
+    [("nve", (1, True)),
+     pytest.param("langevin", (1, True), marks=pytest.mark.slow),
      pytest.param("nve", (20, False), marks=pytest.mark.slow),
      pytest.param("langevin", (3, True), marks=pytest.mark.slow)],
 )  # fmt: skip
