@@ -32,8 +32,11 @@ def shard_particles(tree, n_devices: int, capacity: int):
     def put(x):
         if not isinstance(x, jax.Array | np.ndarray):
             return x
+        where = blocks.sharding(mesh)
         if x.ndim >= 1 and x.shape[0] == capacity:
-            return jax.device_put(x, blocks.sharding(mesh, AXIS, *([None] * (x.ndim - 1))))
-        return jax.device_put(x, blocks.sharding(mesh))
+            where = blocks.sharding(mesh, AXIS, *([None] * (x.ndim - 1)))
+        if not where.is_fully_addressable and isinstance(x, jax.Array) and x.committed:
+            x = np.asarray(x)  # a mesh over several processes takes host data, the same on each
+        return jax.device_put(x, where)
 
     return jax.tree.map(put, tree)
