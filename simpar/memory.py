@@ -231,14 +231,35 @@ def lean_compiler_options() -> dict:
     return dict(LEAN_CPU_OPTIONS) if jax.default_backend() == "cpu" else {}
 
 
+class _LeanJit:
+    """``lean_jit``'s function: the lean program, or under an outer trace (``jax.jit``,
+    ``grad``, ``vmap``), where compiler options are refused, a plain nested ``jax.jit``."""
+
+    def __init__(self, fun, jit_kwargs: dict):
+        import jax
+
+        self._lean = jax.jit(fun, compiler_options=lean_compiler_options(), **jit_kwargs)
+        self._plain = jax.jit(fun, **jit_kwargs)
+        self.lower = self._lean.lower
+
+    def __call__(self, *args, **kwargs):
+        import jax
+
+        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs)))
+        return (self._plain if traced else self._lean)(*args, **kwargs)
+
+    def clear_cache(self) -> None:
+        self._lean.clear_cache()
+        self._plain.clear_cache()
+
+
 def lean_jit(fun, **jit_kwargs):
     """``jax.jit(fun, **jit_kwargs)`` compiled with ``lean_compiler_options()``: for programs
     run once or rarely (set-up, list builds, energies), whose compilation would otherwise
-    dominate a run's peak memory. Call it when first needed (it reads the backend), e.g.
-    behind ``functools.cache``."""
-    import jax
-
-    return jax.jit(fun, compiler_options=lean_compiler_options(), **jit_kwargs)
+    dominate a run's peak memory. Called inside another trace it is a plain nested
+    ``jax.jit`` (part of the outer program). Call it when first needed (it reads the
+    backend), e.g. behind ``functools.cache``."""
+    return _LeanJit(fun, jit_kwargs)
 
 
 def drop_compiled_if_cached(*jitted) -> bool:

@@ -74,3 +74,20 @@ def test_md_chunk_compiled_ahead_once_and_same_trajectory():
     assert np.array_equal(np.asarray(state.position), np.asarray(sim.state.position))
     assert np.array_equal(np.asarray(state.velocity), np.asarray(sim.state.velocity))
     assert int(nbrs.n_builds) == int(sim.nbrs.n_builds)
+
+
+def test_lean_programs_compose_with_an_outer_jit():
+    """``memory.lean_jit`` programs (the velocity draw, ``md.thermo``) called inside
+    ``jax.jit`` become part of the outer program (compiler options are refused there) and
+    give the values of a direct call."""
+    import jax
+    import numpy as np
+
+    from simpar.particles import lattice
+
+    key = jax.random.PRNGKey(4)
+    direct = lattice.maxwell_boltzmann(key, 200, 1.3)
+    inside = jax.jit(lambda k: lattice.maxwell_boltzmann(k, 200, 1.3))(key)
+    np.testing.assert_allclose(np.asarray(inside), np.asarray(direct), rtol=1e-6, atol=1e-6)
+    t = jax.jit(lambda v: lattice.kinetic_temperature(v, 1.0))(inside)
+    assert abs(float(t) - 1.3) < 1e-5
