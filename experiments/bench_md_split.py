@@ -34,32 +34,22 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
+from bench_md import _best as best_of  # noqa: E402
+from bench_md import _system  # noqa: E402
 from bench_md_procs import pinner  # noqa: E402
 
 from simpar.parallel import capacity as caps  # noqa: E402
 from simpar.parallel import ghosts  # noqa: E402
-from simpar.particles import decomposed, lattice, md, neighbors, potentials, space  # noqa: E402
+from simpar.particles import decomposed, md, neighbors  # noqa: E402
 from simpar.particles import decomposed_sim as domain  # noqa: E402
 from simpar.particles.forces import pair_forces  # noqa: E402
 
 KW = dict(dt=0.005, skin=0.3, every=20, check=False)
 
 
-def _system(cells: int):
-    dtype = jnp.float64
-    r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, dtype)
-    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(87287), r.shape[0], 1.44, dtype=dtype)
-    return r, v, space.periodic(box, dtype), potentials.lennard_jones(cutoff=2.5, dtype=dtype)
-
-
 def _best(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return round(1e3 * best, 2)
+    """Best of ``repeats`` calls (after one warm-up), ms."""
+    return round(1e3 * best_of(fn, *args, repeats=repeats), 2)
 
 
 def _thread_cpu() -> dict:
@@ -96,7 +86,7 @@ def _chunks(sim, get, put, repeats: int) -> dict:
 
 
 def single(args) -> dict:
-    r, v, spc, pot = _system(args.cells)
+    r, v, spc, pot = _system(jnp.float64, args.cells)
     sim = md.make_simulation(spc, pot, r, v, **KW)
 
     def put(x):
@@ -112,7 +102,7 @@ def single(args) -> dict:
 
 
 def worker(args) -> dict:
-    r, v, spc, pot = _system(args.cells)
+    r, v, spc, pot = _system(jnp.float64, args.cells)
     sim = domain.make_domain_simulation("shard_map", (args.num_processes,), spc, pot, r, v, **KW)
 
     def put(x):

@@ -115,15 +115,16 @@ def _merge_order(kept, arrived, cap: int):
     a_order = jnp.argsort(a_key).astype(jnp.int32)
     a_sorted = a_key[a_order]
     before = jnp.cumsum(kv, dtype=jnp.int32)  # valid kept slots up to and including each
-    # a kept id goes after the kept ids below it and the arrived ids below it
-    k_dest = before - 1 + jnp.searchsorted(a_sorted, kept).astype(jnp.int32)
-    k_dest = jnp.where(kv, k_dest, cap)
-    # an arrived id goes after the arrived ids below it and the kept ids below it: the
-    # running maximum of the kept ids is sorted, and its first entry >= the id ends them
+    # the running maximum of the kept ids is sorted: an arrived id goes before the first
+    # kept slot whose running maximum exceeds it, after the kept ids below it
     top = jax.lax.cummax(jnp.where(kv, kept, -1))
     first = jnp.searchsorted(top, a_sorted).astype(jnp.int32)
     below = jnp.where(first > 0, before[jnp.maximum(first - 1, 0)], 0)
     a_dest = jnp.where(a_sorted < _BIG, jnp.arange(a, dtype=jnp.int32) + below, cap)
+    # a kept id goes after the kept ids and the arrived ids below it: those whose slot
+    # ``first`` is at or before its own (a histogram and a prefix sum, no second search)
+    hist = jnp.zeros(c + 1, jnp.int32).at[jnp.where(a_sorted < _BIG, first, c)].add(1)
+    k_dest = jnp.where(kv, before - 1 + jnp.cumsum(hist)[:c], cap)
     dest = jnp.concatenate([k_dest, a_dest])
     src = jnp.concatenate([jnp.arange(c, dtype=jnp.int32), c + a_order])
     return jnp.full(cap, c + a, jnp.int32).at[dest].set(src, mode="drop")
