@@ -245,7 +245,14 @@ class _LeanJit:
     def __call__(self, *args, **kwargs):
         import jax
 
-        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs)))
+        try:  # an outer trace, also when every argument is a constant (a closure's)
+            from jax._src.core import trace_state_clean
+
+            traced = not trace_state_clean()
+        except ImportError:  # the private function moved: tracer arguments still show one
+            traced = False
+        traced = traced or any(isinstance(x, jax.core.Tracer)
+                               for x in jax.tree.leaves((args, kwargs)))  # fmt: skip
         return (self._plain if traced else self._lean)(*args, **kwargs)
 
     def clear_cache(self) -> None:

@@ -91,3 +91,6 @@ def test_lean_programs_compose_with_an_outer_jit():
     np.testing.assert_allclose(np.asarray(inside), np.asarray(direct), rtol=1e-6, atol=1e-6)
     t = jax.jit(lambda v: lattice.kinetic_temperature(v, 1.0))(inside)
     assert abs(float(t) - 1.3) < 1e-5
+    host_key = np.asarray(key)  # a constant of the outer program, not a tracer
+    closed = jax.jit(lambda: lattice.maxwell_boltzmann(host_key, 200, 1.3))()
+    np.testing.assert_allclose(np.asarray(closed), np.asarray(direct), rtol=1e-6, atol=1e-6)

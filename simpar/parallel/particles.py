@@ -35,7 +35,8 @@ def shard_particles(tree, n_devices: int, capacity: int):
         where = blocks.sharding(mesh)
         if x.ndim >= 1 and x.shape[0] == capacity:
             where = blocks.sharding(mesh, AXIS, *([None] * (x.ndim - 1)))
-        if not where.is_fully_addressable and isinstance(x, jax.Array) and x.committed:
+        if (not where.is_fully_addressable and isinstance(x, jax.Array) and x.committed
+                and x.is_fully_addressable):  # fmt: skip
             x = np.asarray(x)  # a mesh over several processes takes host data, the same on each
         return jax.device_put(x, where)
 
