@@ -194,7 +194,8 @@ def test_compiled_chunk_moves_only_ghosts_and_migrating_atoms(mesh):
         for _dtype, dims in c.shapes:
             n = math.prod(dims)
             if c.op == "all-reduce":
-                assert n <= len(spec.capacities()), (dims, c.computation)
+                # the needs of every capacity and the far flag, reduced together
+                assert n <= len(spec.capacities()) + 1, (dims, c.computation)
             else:
                 permutes += 1
                 assert n <= packet, (dims, packet, c.computation)

@@ -35,6 +35,7 @@ caller can flag an overflow, nothing is dropped silently.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -61,20 +62,19 @@ def owner(x, length, n: int):
 
 
 def _take(x, idx, fill=0):
-    """Rows ``idx`` of ``x``; index ``len(x)`` gives ``fill``."""
-    pad = jnp.full((1,) + x.shape[1:], fill, x.dtype)
-    return jnp.concatenate([x, pad])[idx]
+    """Rows ``idx`` of ``x``; index ``len(x)`` gives ``fill`` (no padded copy of ``x``)."""
+    return jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
 
 
 def _select(mask, cap: int):
     """(int32[cap] indices of the first ``cap`` True entries padded with len(mask), count)."""
     n = mask.shape[0]
-    # a stable sort compiles several times faster than jnp.nonzero(size=...) on XLA:CPU
-    idx = jnp.argsort(~mask, stable=True).astype(jnp.int32)[:cap]
-    if cap > n:
-        idx = jnp.concatenate([idx, jnp.full(cap - n, n, jnp.int32)])
-    count = jnp.sum(mask, dtype=jnp.int32)
-    return jnp.where(jnp.arange(cap) < count, idx, n), count
+    # a prefix sum and a scatter: a tenth of the time of a stable sort of the mask on
+    # XLA:CPU (16,392 slots: 0.22 against 2.3-2.7 ms), the same indices
+    pos = jnp.cumsum(mask, dtype=jnp.int32) - 1
+    dest = jnp.where(mask & (pos < cap), pos, cap)
+    idx = jnp.full(cap + 1, n, jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32))
+    return idx[:cap], jnp.sum(mask, dtype=jnp.int32)
 
 
 def _send(comm, a: int, direction: int, x):
@@ -102,9 +102,38 @@ def _exchange(comm, a: int, down, up):
             tuple(b[x.shape[0] :] for b, x in zip(both, down, strict=True)))  # fmt: skip
 
 
+def _merge_order(kept, arrived, cap: int):
+    """int32[cap]: the rows of ``concatenate([kept, arrived])`` in id order, the first
+    ``cap`` of them (padded with the concatenation's length), as a sort of the ids would
+    give: a merge, since ``kept`` (int32[C], -1 for holes) holds its valid ids in ascending
+    order and only the few ``arrived`` ids (int32[A], -1 unused) need sorting. On XLA:CPU
+    it takes a fraction of the time of sorting all C + A ids (16,392 slots: 3 ms).
+    """
+    c, a = kept.shape[0], arrived.shape[0]
+    kv = kept >= 0
+    a_key = jnp.where(arrived >= 0, arrived, _BIG)
+    a_order = jnp.argsort(a_key).astype(jnp.int32)
+    a_sorted = a_key[a_order]
+    before = jnp.cumsum(kv, dtype=jnp.int32)  # valid kept slots up to and including each
+    # the running maximum of the kept ids is sorted: an arrived id goes before the first
+    # kept slot whose running maximum exceeds it, after the kept ids below it
+    top = jax.lax.cummax(jnp.where(kv, kept, -1))
+    first = jnp.searchsorted(top, a_sorted).astype(jnp.int32)
+    below = jnp.where(first > 0, before[jnp.maximum(first - 1, 0)], 0)
+    a_dest = jnp.where(a_sorted < _BIG, jnp.arange(a, dtype=jnp.int32) + below, cap)
+    # a kept id goes after the kept ids and the arrived ids below it: those whose slot
+    # ``first`` is at or before its own (a histogram and a prefix sum, no second search)
+    hist = jnp.zeros(c + 1, jnp.int32).at[jnp.where(a_sorted < _BIG, first, c)].add(1)
+    k_dest = jnp.where(kv, before - 1 + jnp.cumsum(hist)[:c], cap)
+    dest = jnp.concatenate([k_dest, a_dest])
+    src = jnp.concatenate([jnp.arange(c, dtype=jnp.int32), c + a_order])
+    return jnp.full(cap, c + a, jnp.int32).at[dest].set(src, mode="drop")
+
+
 def migrate(spec: DomainSpec, comm, box, pos, vel, mass, ref, ids):
     """Move atoms whose ``ref`` lies outside this sub-box one hop per axis to its owner;
-    compact and sort the slots by id.
+    compact and sort the slots by id. The valid slots of ``ids`` must be in id order (as
+    ``distribute`` and every migration leave them): the arrivals are merged in.
 
     Returns:
       (pos, vel, mass, ref, ids, largest migration count, owned count before truncation,
@@ -136,8 +165,8 @@ def migrate(spec: DomainSpec, comm, box, pos, vel, mass, ref, ids):
         part_ids = [jnp.where(up | down, -1, ids), from_down[1], from_up[1]]
         allp, alli = jnp.concatenate(parts), jnp.concatenate(part_ids)
         count = jnp.sum(alli >= 0, dtype=jnp.int32)
-        order = jnp.argsort(jnp.where(alli >= 0, alli, _BIG))[:cap]
-        payload, ids = allp[order], alli[order]
+        order = _merge_order(part_ids[0], jnp.concatenate(part_ids[1:]), cap)
+        payload, ids = _take(allp, order), _take(alli, order, -1)
     valid = (ids >= 0)[:, None]
     # empty slots: at rest at the origin with unit mass (no 0 / 0 in the kicks)
     payload = jnp.where(valid, payload, 0.0)
@@ -211,14 +240,15 @@ def borders(spec: DomainSpec, comm, box, ref, ids):
 
 def forward(spec: DomainSpec, comm, sends, pos):
     """Ghost positions by the recorded send indices (every step between rebuilds)."""
-    ext = pos
-    for i in range(0, len(sends), 2):  # the two directions of one hop along one axis
-        if sends[i].shape[0] + sends[i + 1].shape[0] == 0:
-            continue  # an axis without ghosts
+    ext, got = pos, []
+    stages = [i for i in range(0, len(sends), 2) if sends[i].shape[0] + sends[i + 1].shape[0]]
+    for i in stages:  # the two directions of one hop along one axis (axes with ghosts)
         a = spec.stages[i][0]
         (lo,), (hi,) = _exchange(comm, a, (_take(ext, sends[i]),), (_take(ext, sends[i + 1]),))
-        ext = jnp.concatenate([ext, lo, hi])
-    return ext[pos.shape[0] :]
+        got += [lo, hi]
+        if i != stages[-1]:  # later hops send from the owned atoms and the ghosts so far
+            ext = jnp.concatenate([ext, lo, hi])
+    return jnp.concatenate(got) if got else pos[:0]
 
 
 def owners(spec_shape3, box, ref_position) -> np.ndarray:

@@ -134,9 +134,16 @@ def make_spec(grid: DeviceGrid, box, n_atoms: int, *, cutoff: float, skin: float
     send = tuple(int(s) if ghost_axes[g[0]] else 0 for s, g in zip(send, st, strict=True))
     n_ext = int(capacity) + int(sum(send))
     wrap = None if all(ghost_axes) else tuple(not g for g in ghost_axes)
+    images = None
+    if width is not None:  # the image check only where (reach + 2) cells span half the box:
+        # elsewhere every candidate is closer than half a box, so it is the minimum image
+        box3 = np.broadcast_to(np.asarray(box, np.float64), (3,))
+        images = tuple(bool(g and (reach + 2) * w >= 0.5 * b)
+                       for g, w, b in zip(ghost_axes, width, box3, strict=True))  # fmt: skip
     nspec = NeighborSpec(
         n_ext, int(max_neighbors), radius, float(skin), False, cells, reach,
         int(column_capacity), (0.0, 0.0, 0.0), width, int(block), int(capacity), wrap,
+        images,
     )  # fmt: skip
     return DomainSpec(grid, int(capacity), int(migrate), send, nspec, int(n_atoms),
                       float(skin), ghost_axes, hops)  # fmt: skip
@@ -186,11 +193,13 @@ def _relist(spec: DomainSpec, comm, space: Space, state: DomainState, lists: Dom
     rl = spec.nbr.radius * (1.0 + caps.MARGIN)
     origin = jnp.where(jnp.asarray(spec.ghost_axes), lo - rl, 0.0)  # wrapping axes: 0
     nb = neighbors.build(spec.nbr, space, e_ref, e_ids >= 0, cell_r=e_img - origin, ids=e_ids)
-    needed = jnp.concatenate([jnp.stack([count, need]), counts, nb.needed]).astype(jnp.int32)
-    needed = comm.pmax(needed)
+    needed = jnp.concatenate([jnp.stack([count, need]), counts, nb.needed,
+                              far.astype(jnp.int32)[None]]).astype(jnp.int32)  # fmt: skip
+    needed = comm.pmax(needed)  # one all-reduce for the needs and the far flag
+    needed, far = needed[:-1], needed[-1]
     error = _error_bits(spec, needed)
     total = comm.psum(jnp.sum(ids >= 0, dtype=jnp.int32))
-    lost = (comm.pmax(far.astype(jnp.int32)) > 0) | ((total != spec.n_atoms) & (error == 0))
+    lost = (far > 0) | ((total != spec.n_atoms) & (error == 0))
     error = error | jnp.where(lost, error_codes.LOST, 0).astype(jnp.int32)
     new = DomainLists(
         sends, e_ids[spec.capacity :], ghosts.forward(spec, comm, sends, pos), nb.idx,
@@ -229,7 +238,8 @@ def forces_block(spec, comm, space, pot, state: DomainState, lists: DomainLists)
     f, e, w = pair_forces(pot, space, state.position, lists.idx,
                           others=jnp.concatenate([state.position, lists.ghost_position]))  # fmt: skip
     f = jnp.where(state.ids[:, None] >= 0, f, 0.0)
-    return state._replace(force=f, e_pair=comm.psum(e), virial=comm.psum(w))
+    e, w = comm.psum(jnp.stack([e, w]))  # one all-reduce, each a synchronisation point
+    return state._replace(force=f, e_pair=e, virial=w)
 
 
 def chunk_block(ensemble, spec, comm, space, pot, params, state, lists, n_steps, init,

@@ -67,6 +67,8 @@ class NeighborSpec:
       wrap: free-space grids only, the axes along which the cell grid wraps around (a
         domain block's unsplit axes: its grid spans the whole periodic box there, with
         ``origin`` 0 and ``width`` box / cells); None: none.
+      images: with ``cell_r``, the axes where a candidate may be another periodic image
+        than the minimum one (``build`` checks there); None: every axis that does not wrap.
     """
 
     capacity: int
@@ -82,6 +84,7 @@ class NeighborSpec:
     block: int = 4096
     rows: int | None = None
     wrap: tuple[bool, bool, bool] | None = None
+    images: tuple[bool, bool, bool] | None = None
 
 
 class NeighborList(NamedTuple):
@@ -109,7 +112,8 @@ class NeighborList(NamedTuple):
 
 
 def _column_ranges(spec: NeighborSpec, space: Space, r, valid):
-    """Sorted order and per-particle candidate column ranges."""
+    """Sorted order and the candidate column ranges of the rows (the first ``spec.rows``
+    particles, or all): a domain block's ghosts are binned but searched from by nobody."""
     nx, ny, nz = spec.cells
     ncell = nx * ny * nz
     k = spec.reach
@@ -128,6 +132,7 @@ def _column_ranges(spec: NeighborSpec, space: Space, r, valid):
     order = jnp.argsort(cell, stable=True).astype(jnp.int32)
     counts = jnp.zeros(ncell + 1, jnp.int32).at[cell].add(1)
     start = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)])
+    c = c[: spec.rows or c.shape[0]]
     d = np.arange(-k, k + 1)
     dx = jnp.asarray(np.repeat(d, d.size), jnp.int32)
     dy = jnp.asarray(np.tile(d, d.size), jnp.int32)
@@ -274,6 +279,8 @@ def build(
     rpad, vpad = pad(r), pad(valid)
     rs_soa = [rs[:, d] for d in range(3)]
     images = cell_r is not None and space.periodic
+    image_axes = spec.images or tuple(not (spec.wrap and spec.wrap[d]) for d in range(3))
+    images = images and any(image_axes)
     if images:  # periodic images: keep the image a candidate stands for, not its copies
         cpad = pad(cell_r)
         cs_soa = [(cell_r if spec.cells is None else cell_r[order])[:, d] for d in range(3)]
@@ -301,7 +308,7 @@ def build(
                 box = space.box[d].astype(r.dtype)
                 dx = dx - box * jnp.round(dx * (1.0 / box))  # one division, not one per pair
             r2 = r2 + dx * dx
-            if images and not (spec.wrap and spec.wrap[d]):
+            if images and image_axes[d]:
                 # image and minimum-image displacements differ by 0 or a box length
                 dxi = ci[:, d, None, None] - cs_soa[d][sidx]
                 same = same & (jnp.abs(dxi - dx) < 0.5 * space.box[d].astype(r.dtype))
