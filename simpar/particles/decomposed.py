@@ -192,7 +192,8 @@ def _relist(spec: DomainSpec, comm, space: Space, state: DomainState, lists: Dom
     lo = jnp.stack([ghosts.bounds(spec, comm, box, a)[0] for a in range(3)])
     rl = spec.nbr.radius * (1.0 + caps.MARGIN)
     origin = jnp.where(jnp.asarray(spec.ghost_axes), lo - rl, 0.0)  # wrapping axes: 0
-    nb = neighbors.build(spec.nbr, space, e_ref, e_ids >= 0, cell_r=e_img - origin, ids=e_ids)
+    nb = neighbors.build(spec.nbr, space, e_ref, e_ids >= 0, cell_r=e_img - origin, ids=e_ids,
+                         id_bound=spec.n_atoms)  # fmt: skip
     needed = jnp.concatenate([jnp.stack([count, need]), counts, nb.needed,
                               far.astype(jnp.int32)[None]]).astype(jnp.int32)  # fmt: skip
     needed = comm.pmax(needed)  # one all-reduce for the needs and the far flag
@@ -201,8 +202,12 @@ def _relist(spec: DomainSpec, comm, space: Space, state: DomainState, lists: Dom
     total = comm.psum(jnp.sum(ids >= 0, dtype=jnp.int32))
     lost = (far > 0) | ((total != spec.n_atoms) & (error == 0))
     error = error | jnp.where(lost, error_codes.LOST, 0).astype(jnp.int32)
+    # the ghosts' positions: their reference positions, which are the positions (and need
+    # no second exchange) unless ``init`` laid out reference positions of an earlier build
+    ghost_position = jax.lax.cond(init, lambda: ghosts.forward(spec, comm, sends, pos),
+                                  lambda: e_ref[spec.capacity :])  # fmt: skip
     new = DomainLists(
-        sends, e_ids[spec.capacity :], ghosts.forward(spec, comm, sends, pos), nb.idx,
+        sends, e_ids[spec.capacity :], ghost_position, nb.idx,
         jnp.maximum(needed, lists.needed), error | lists.error, lists.n_builds + 1,
     )  # fmt: skip
     return s, new

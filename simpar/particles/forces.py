@@ -28,9 +28,10 @@ def _row_block() -> int | None:
     return ROW_BLOCK_CPU if jax.default_backend() == "cpu" else None
 
 
-def _pair_rows(pot, space, r, idx, cols, energy: bool):
+def _pair_rows(pot, space, r, idx, cols, energy: bool, fresh=None):
     """``pair_forces`` for rows ``r`` (float[B, 3]) against ``cols``: the neighbours'
-    coordinates one axis at a time, each float[K + 1] ending with the padding entry."""
+    coordinates one axis at a time, each float[K + 1] ending with the padding entry;
+    ``fresh`` (bool[B]): the rows whose energy and virial count (default all)."""
     mask = idx < cols[0].shape[0] - 1
     # Structure-of-arrays gathers (one coordinate at a time) vectorise better on CPU
     # than gathering (N, M, 3) rows.
@@ -46,23 +47,42 @@ def _pair_rows(pot, space, r, idx, cols, energy: bool):
     force = jnp.stack([jnp.sum(f_over_r * dx, axis=1) for dx in comps], axis=-1)
     if not energy:
         return force
-    return force, 0.5 * jnp.sum(e), 0.5 * jnp.sum(f_over_r * r2)
+    w = f_over_r * r2
+    if fresh is not None:
+        e, w = (jnp.where(fresh[:, None], x, 0.0) for x in (e, w))
+    return force, 0.5 * jnp.sum(e), 0.5 * jnp.sum(w)
 
 
-def _force_passes(pot, space, r, idx, cols, block: int, nb: int):
-    """The forces of ``nb`` passes of ``block`` rows read in place: the last pass starts at
-    ``N - block`` (it recomputes rows of the one before, to the same bits) instead of padding
-    a copy of ``idx`` to ``nb * block`` rows (a 6 MiB copy per step for a 16,392-row block)."""
+def _passes(pot, space, r, idx, cols, block: int, energy: bool):
+    """``pair_forces`` in passes of ``block`` rows read in place: the last pass starts at
+    ``N - block`` and recomputes rows of the one before (to the same bits; their energy
+    is not counted twice) instead of padding a copy of ``idx`` to a multiple of ``block``
+    rows (a 6 MiB copy per step for a 16,392-row block)."""
     n_rows = r.shape[0]
+    nb = -(-n_rows // block)
 
-    def one(i, out):
+    def one(i, carry):
         start = jnp.minimum(i * block, n_rows - block)
         rows = jax.lax.dynamic_slice_in_dim(r, start, block)
         nbrs = jax.lax.dynamic_slice_in_dim(idx, start, block)
-        f = _pair_rows(pot, space, rows, nbrs, cols, False)
-        return jax.lax.dynamic_update_slice_in_dim(out, f, start, 0)
+        if not energy:
+            f = _pair_rows(pot, space, rows, nbrs, cols, False)
+            return jax.lax.dynamic_update_slice_in_dim(carry, f, start, 0)
+        out, e, w = carry
+        fresh = start + jnp.arange(block) >= i * block
+        f, ei, wi = _pair_rows(pot, space, rows, nbrs, cols, True, fresh)
+        return (
+            jax.lax.dynamic_update_slice_in_dim(out, f, start, 0),
+            e.at[i].set(ei),
+            w.at[i].set(wi),
+        )
 
-    return jax.lax.fori_loop(0, nb, one, jnp.zeros_like(r))
+    out = jnp.zeros_like(r)
+    if not energy:
+        return jax.lax.fori_loop(0, nb, one, out)
+    sums = jnp.zeros(nb, r.dtype)
+    force, e, w = jax.lax.fori_loop(0, nb, one, (out, sums, sums))
+    return force, jnp.sum(e), jnp.sum(w)
 
 
 def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, others=None,
@@ -79,7 +99,7 @@ def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, o
       others: float[K, 3] positions of the neighbours (default ``r``); a domain block
         passes its owned atoms followed by its ghosts.
       block: rows per pass (static): the kernel runs over ``block`` rows at a time
-        (``lax.map``), so its (rows, M) temporaries stay in cache: on CPU 4x faster than
+        (``_passes``), so its (rows, M) temporaries stay in cache: on CPU 4x faster than
         one pass over 32,000 x 96 slots (``ROW_BLOCK_CPU``). The forces equal one pass's
         bit for bit with FMA off (as the tests run); with FMA on XLA may contract
         differently per pass (float32: 4e-7 of the largest force). -1 (default):
@@ -96,12 +116,4 @@ def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, o
     n_rows = r.shape[0]
     if block is None or n_rows <= block:
         return _pair_rows(pot, space, r, idx, cols, energy)
-    nb = -(-n_rows // block)
-    if not energy:
-        return _force_passes(pot, space, r, idx, cols, block, nb)
-    pad = nb * block - n_rows
-    rb = jnp.concatenate([r, jnp.zeros((pad, 3), r.dtype)]).reshape(nb, block, 3)
-    fill = jnp.full((pad, idx.shape[1]), src.shape[0], idx.dtype)
-    ib = jnp.concatenate([idx, fill]).reshape(nb, block, idx.shape[1])
-    force, e, w = jax.lax.map(lambda a: _pair_rows(pot, space, a[0], a[1], cols, True), (rb, ib))
-    return force.reshape(nb * block, 3)[:n_rows], jnp.sum(e), jnp.sum(w)
+    return _passes(pot, space, r, idx, cols, block, energy)

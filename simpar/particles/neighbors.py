@@ -17,7 +17,7 @@ Forces are gathered per row, so no scatter is needed. ``needs_rebuild`` implemen
 particle moved more than ``skin / 2`` since the last build, which guarantees that no pair
 within the cutoff is missing.
 
-Cell list: particles are sorted by cell (cell width >= radius / reach), so each column of
+Cell list (``cells``): particles are sorted by cell (cell width >= radius / reach), so each column of
 ``2 * reach + 1`` cells along z is a contiguous range of the sorted order; the candidates
 of a particle are ``(2 * reach + 1)**2`` such ranges of at most ``column_capacity``
 entries each. Particles with ``valid == False`` (empty slots of a fixed-capacity buffer)
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar.memory import lean_jit, release_free_memory
-from simpar.particles import error_codes
+from simpar.particles import cells, error_codes
 from simpar.particles.space import Space, displacement
 
 _BIG = np.iinfo(np.int32).max  # sort key of the sentinel entries
@@ -111,64 +111,6 @@ class NeighborList(NamedTuple):
         return self.error != 0
 
 
-def _column_ranges(spec: NeighborSpec, space: Space, r, valid):
-    """Sorted order and the candidate column ranges of the rows (the first ``spec.rows``
-    particles, or all): a domain block's ghosts are binned but searched from by nobody."""
-    nx, ny, nz = spec.cells
-    ncell = nx * ny * nz
-    k = spec.reach
-    if spec.periodic:
-        box = space.box.astype(r.dtype)
-        frac = r / box
-        frac = frac - jnp.floor(frac)
-        c = jnp.floor(frac * jnp.asarray(spec.cells, r.dtype)).astype(jnp.int32)
-    else:
-        origin = jnp.asarray(spec.origin, r.dtype)
-        width = jnp.asarray(spec.width, r.dtype)
-        c = jnp.floor((r - origin) / width).astype(jnp.int32)
-    c = jnp.clip(c, 0, jnp.asarray(spec.cells, jnp.int32) - 1)
-    cell = (c[:, 0] * ny + c[:, 1]) * nz + c[:, 2]
-    cell = jnp.where(valid, cell, ncell)
-    order = jnp.argsort(cell, stable=True).astype(jnp.int32)
-    counts = jnp.zeros(ncell + 1, jnp.int32).at[cell].add(1)
-    start = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)])
-    c = c[: spec.rows or c.shape[0]]
-    d = np.arange(-k, k + 1)
-    dx = jnp.asarray(np.repeat(d, d.size), jnp.int32)
-    dy = jnp.asarray(np.tile(d, d.size), jnp.int32)
-    cx = c[:, 0:1] + dx[None]
-    cy = c[:, 1:2] + dy[None]
-    wx, wy, wz = (True,) * 3 if spec.periodic else (spec.wrap or (False,) * 3)
-    col_ok = jnp.ones(cx.shape, bool)
-    if wx:
-        cx = cx % nx
-    else:
-        col_ok = col_ok & (cx >= 0) & (cx < nx)
-        cx = jnp.clip(cx, 0, nx - 1)
-    if wy:
-        cy = cy % ny
-    else:
-        col_ok = col_ok & (cy >= 0) & (cy < ny)
-        cy = jnp.clip(cy, 0, ny - 1)
-    base = (cx * ny + cy) * nz  # (N, ncol)
-    lo = (c[:, 2] - k)[:, None]
-    hi = (c[:, 2] + k)[:, None]
-    s_a = start[base + jnp.maximum(lo, 0)]
-    e_a = start[base + jnp.minimum(hi, nz - 1) + 1]
-    len_a = jnp.where(col_ok, e_a - s_a, 0)
-    if wz:
-        below, above = lo < 0, hi > nz - 1
-        b_lo = jnp.where(below, nz + lo, 0)
-        b_hi = jnp.where(below, nz - 1, hi - nz)
-        s_b = start[base + b_lo]
-        e_b = start[base + jnp.clip(b_hi, 0, nz - 1) + 1]
-        len_b = jnp.where((below | above) & col_ok, e_b - s_b, 0)
-    else:
-        s_b = jnp.zeros_like(s_a)
-        len_b = jnp.zeros_like(len_a)
-    return order, s_a, len_a, s_b, len_b
-
-
 def _compact_words(mask, m):
     """Positions of the first ``m`` True entries of each row of ``mask``.
 
@@ -217,6 +159,7 @@ def build(
     *,
     cell_r: jax.Array | None = None,
     ids: jax.Array | None = None,
+    id_bound: int | None = None,
 ) -> NeighborList:
     """Build a neighbour list from scratch (jittable, ``spec`` static).
 
@@ -230,6 +173,8 @@ def build(
         free-space cell grid, ``spec.periodic`` False) while ``r`` keeps the wrapped
         positions, so the distances are computed exactly as on one device.
       ids: int32[N] global ids (rows are sorted by them); default the slot index.
+      id_bound: static; the ids lie in ``[0, id_bound)`` (the system's atom count): the id
+        order is then found with one packed-key sort (``stable_order``) when it fits int32.
 
     Returns:
       A fresh ``NeighborList`` (``n_builds`` = 1, overflow flags of this build only).
@@ -258,7 +203,7 @@ def build(
             return jnp.broadcast_to(jnp.minimum(cand, n - 1), (blk, nw, ns)), ok, i
 
     else:
-        order, s_a, len_a, s_b, len_b = _column_ranges(
+        order, s_a, len_a, s_b, len_b = cells.column_ranges(
             spec, space, r if cell_r is None else cell_r, valid
         )
         rs, vs = r[order], None  # invalid slots sit in a sentinel cell: never candidates
@@ -290,7 +235,10 @@ def build(
         # rows sorted by each slot's rank in id order: a one-array int32 sort of the rows, as
         # without ids (sorting (id, slot) pairs costs 2.5x the whole build on XLA:CPU);
         # ids within a row are distinct, so the rank order is the id order
-        by_id = jnp.argsort(jnp.where(ids >= 0, ids, _BIG), stable=True).astype(jnp.int32)
+        if id_bound is None:
+            by_id = cells.stable_order(jnp.where(ids >= 0, ids, _BIG), 0)
+        else:
+            by_id = cells.stable_order(jnp.where(ids >= 0, ids, id_bound), id_bound + 1)
         by_id = jnp.concatenate([by_id, jnp.full(1, n, jnp.int32)])  # the sentinel n stays n
         rank = jnp.zeros(n + 1, jnp.int32).at[by_id].set(jnp.arange(n + 1, dtype=jnp.int32))
 

@@ -1,0 +1,99 @@
+"""Cell binning for neighbour lists: particles sorted by cell, so that each column of
+``2 * reach + 1`` cells along z is a contiguous range of the sorted order
+(``neighbors.build`` reads its candidates from these ranges).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from simpar.particles.space import Space
+
+
+def stable_order(key, bound: int):
+    """int32[n]: ``argsort(key, stable=True)`` of int32[n] ``key`` with values in
+    ``[0, bound)`` (``bound`` static).
+
+    When ``bound`` times the next power of two >= n fits in int32 this is one sort of the
+    packed keys ``key << b | slot`` (ties keep slot order, as a stable sort): XLA:CPU sorts
+    one int32 array about 6x faster than the (key, index) pairs of an argsort (23,544 keys,
+    one pinned core: 0.6 against 4.2 ms). Otherwise the argsort.
+    """
+    n = key.shape[0]
+    bits = max(n - 1, 1).bit_length()
+    if bound <= 0 or bound > (2**31 - 1) >> bits:
+        return jnp.argsort(key, stable=True).astype(jnp.int32)
+    slot = jnp.arange(n, dtype=jnp.int32)
+    return jnp.sort(jnp.left_shift(key.astype(jnp.int32), bits) | slot) & ((1 << bits) - 1)
+
+
+def column_ranges(spec, space: Space, r, valid):
+    """Particles binned into ``spec.cells`` and the candidate columns of the rows.
+
+    Args:
+      spec: a ``neighbors.NeighborSpec`` with ``cells`` (its ``periodic``, ``origin``,
+        ``width``, ``wrap``, ``reach`` and ``rows`` fields are used).
+      space: the space (its box when ``spec.periodic``).
+      r: float[N, 3] positions binned (sigma); valid: bool[N] occupied slots.
+
+    Returns:
+      (order, s_a, len_a, s_b, len_b): int32[N] the slots sorted by cell (stable; empty
+      slots last), and for each row (the first ``spec.rows`` particles, or all: a domain
+      block's ghosts are binned but searched from by nobody) int32[R, (2 * reach + 1)**2]
+      the start and length in that order of each candidate column (``_b``: the part that
+      wraps around z).
+    """
+    nx, ny, nz = spec.cells
+    ncell = nx * ny * nz
+    k = spec.reach
+    if spec.periodic:
+        box = space.box.astype(r.dtype)
+        frac = r / box
+        frac = frac - jnp.floor(frac)
+        c = jnp.floor(frac * jnp.asarray(spec.cells, r.dtype)).astype(jnp.int32)
+    else:
+        origin = jnp.asarray(spec.origin, r.dtype)
+        width = jnp.asarray(spec.width, r.dtype)
+        c = jnp.floor((r - origin) / width).astype(jnp.int32)
+    c = jnp.clip(c, 0, jnp.asarray(spec.cells, jnp.int32) - 1)
+    cell = (c[:, 0] * ny + c[:, 1]) * nz + c[:, 2]
+    cell = jnp.where(valid, cell, ncell)
+    order = stable_order(cell, ncell + 1)
+    counts = jnp.zeros(ncell + 1, jnp.int32).at[cell].add(1)
+    start = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)])
+    c = c[: spec.rows or c.shape[0]]
+    d = np.arange(-k, k + 1)
+    dx = jnp.asarray(np.repeat(d, d.size), jnp.int32)
+    dy = jnp.asarray(np.tile(d, d.size), jnp.int32)
+    cx = c[:, 0:1] + dx[None]
+    cy = c[:, 1:2] + dy[None]
+    wx, wy, wz = (True,) * 3 if spec.periodic else (spec.wrap or (False,) * 3)
+    col_ok = jnp.ones(cx.shape, bool)
+    if wx:
+        cx = cx % nx
+    else:
+        col_ok = col_ok & (cx >= 0) & (cx < nx)
+        cx = jnp.clip(cx, 0, nx - 1)
+    if wy:
+        cy = cy % ny
+    else:
+        col_ok = col_ok & (cy >= 0) & (cy < ny)
+        cy = jnp.clip(cy, 0, ny - 1)
+    base = (cx * ny + cy) * nz  # (N, ncol)
+    lo = (c[:, 2] - k)[:, None]
+    hi = (c[:, 2] + k)[:, None]
+    s_a = start[base + jnp.maximum(lo, 0)]
+    e_a = start[base + jnp.minimum(hi, nz - 1) + 1]
+    len_a = jnp.where(col_ok, e_a - s_a, 0)
+    if wz:
+        below, above = lo < 0, hi > nz - 1
+        b_lo = jnp.where(below, nz + lo, 0)
+        b_hi = jnp.where(below, nz - 1, hi - nz)
+        s_b = start[base + b_lo]
+        e_b = start[base + jnp.clip(b_hi, 0, nz - 1) + 1]
+        len_b = jnp.where((below | above) & col_ok, e_b - s_b, 0)
+    else:
+        s_b = jnp.zeros_like(s_a)
+        len_b = jnp.zeros_like(len_a)
+    return order, s_a, len_a, s_b, len_b
