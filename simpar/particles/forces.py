@@ -53,13 +53,16 @@ def _pair_rows(pot, space, r, idx, cols, energy: bool, fresh=None):
     return force, 0.5 * jnp.sum(e), 0.5 * jnp.sum(w)
 
 
-def _passes(pot, space, r, idx, cols, block: int, energy: bool):
+def _passes(pot, space, r, idx, cols, block: int, energy: bool, rows=None):
     """``pair_forces`` in passes of ``block`` rows read in place: the last pass starts at
     ``N - block`` and recomputes rows of the one before (to the same bits; their energy
     is not counted twice) instead of padding a copy of ``idx`` to a multiple of ``block``
-    rows (a 6 MiB copy per step for a 16,392-row block)."""
+    rows (a 6 MiB copy per step for a 16,392-row block). With ``rows`` (traced) the passes
+    stop after the pass holding row ``rows - 1``."""
     n_rows = r.shape[0]
-    nb = -(-n_rows // block)
+    n_pass = nb = -(-n_rows // block)
+    if rows is not None:
+        nb = jnp.minimum(nb, -(-rows // block))
 
     def one(i, carry):
         start = jnp.minimum(i * block, n_rows - block)
@@ -80,13 +83,13 @@ def _passes(pot, space, r, idx, cols, block: int, energy: bool):
     out = jnp.zeros_like(r)
     if not energy:
         return jax.lax.fori_loop(0, nb, one, out)
-    sums = jnp.zeros(nb, r.dtype)
+    sums = jnp.zeros(n_pass, r.dtype)  # passes not run add 0
     force, e, w = jax.lax.fori_loop(0, nb, one, (out, sums, sums))
     return force, jnp.sum(e), jnp.sum(w)
 
 
 def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, others=None,
-                block: int | None = -1):  # fmt: skip
+                block: int | None = -1, rows=None):  # fmt: skip
     """Forces, pair energy and virial from a full neighbour list.
 
     Args:
@@ -104,6 +107,9 @@ def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, o
         bit for bit with FMA off (as the tests run); with FMA on XLA may contract
         differently per pass (float32: 4e-7 of the largest force). -1 (default):
         ``ROW_BLOCK_CPU`` (128) on CPU, one pass on accelerators; None: one pass.
+      rows: int32[] (traced) or None: the rows from ``rows`` on are empty (a domain block's
+        trailing free slots, whose list rows hold no neighbour): passes stop before them
+        and their force is 0. None: every row is computed.
 
     Returns:
       (force float[N, 3], e_pair scalar, virial scalar); each pair is seen twice in a
@@ -116,4 +122,4 @@ def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, o
     n_rows = r.shape[0]
     if block is None or n_rows <= block:
         return _pair_rows(pot, space, r, idx, cols, energy)
-    return _passes(pot, space, r, idx, cols, block, energy)
+    return _passes(pot, space, r, idx, cols, block, energy, rows)

@@ -241,6 +241,7 @@ def build(
             by_id = cells.stable_order(jnp.where(ids >= 0, ids, id_bound), id_bound + 1)
         by_id = jnp.concatenate([by_id, jnp.full(1, n, jnp.int32)])  # the sentinel n stays n
         rank = jnp.zeros(n + 1, jnp.int32).at[by_id].set(jnp.arange(n + 1, dtype=jnp.int32))
+        rank_of_sorted = rank[order]
 
     def one_block(b):
         sl = lambda x: jax.lax.dynamic_slice_in_dim(x, b * blk, blk)  # noqa: E731
@@ -267,11 +268,10 @@ def build(
         src, cnt = _compact_words(mask, m)
         flat = sidx.reshape(blk, -1)
         got = jnp.take_along_axis(flat, jnp.minimum(src, flat.shape[1] - 1), axis=1)
-        idx = jnp.where(src < flat.shape[1], order[got], n)
         if by_id is None:  # each row sorted here, in its block: no whole-list temporaries
-            idx = jnp.sort(idx, axis=1)  # the sentinel n sorts last
-        else:
-            idx = by_id[jnp.sort(rank[idx], axis=1)]
+            idx = jnp.sort(jnp.where(src < flat.shape[1], order[got], n), axis=1)  # n: last
+        else:  # by id rank (the sentinel's rank is n), one gather through ``rank[order]``
+            idx = by_id[jnp.sort(jnp.where(src < flat.shape[1], rank_of_sorted[got], n), axis=1)]
         if spec.cells is None:
             col = jnp.int32(0)
         else:
@@ -286,7 +286,9 @@ def build(
 
     zero = jnp.zeros((), jnp.int32)
     init = (jnp.full((npad, m), n, jnp.int32), zero, zero)
-    idx, cnt, col = jax.lax.fori_loop(0, nblk, fill, init)
+    # blocks up to the last valid row only (a domain block's empty slots trail its atoms)
+    used = jnp.max(jnp.where(valid[:nrow], jnp.arange(1, nrow + 1, dtype=jnp.int32), 0))
+    idx, cnt, col = jax.lax.fori_loop(0, jnp.minimum(nblk, -(-used // blk)), fill, init)
     idx = idx[:nrow]
     needed = jnp.stack([jnp.max(cnt), jnp.max(col)]).astype(jnp.int32)
     return NeighborList(idx, r[:nrow], error_bits(spec, needed), needed, jnp.int32(1))

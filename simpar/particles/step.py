@@ -49,6 +49,8 @@ class Provider(NamedTuple):
       refresh: ``(state, nbrs, init) -> (state, nbrs)`` between builds (ghost positions).
       others: ``(state, nbrs) -> float[K, 3]`` positions that ``nbrs.idx`` indexes, or None
         for the state's own positions.
+      rows: ``state -> int32[]`` the leading slots that hold every valid atom (the force
+        passes stop there; ``forces.pair_forces``), or None: all.
       block: rows per pass of the force kernel (``forces.pair_forces``; static): -1 the
         backend's default, None one pass (``sharded``: a row-blocked ``lax.map`` would make
         XLA gather the neighbour lists and all-reduce the force blocks across devices).
@@ -70,6 +72,7 @@ class Provider(NamedTuple):
     rebuild: Callable
     refresh: Callable
     others: Callable
+    rows: Callable | None = None
     block: int | None = -1
     every: int = 1
     check: bool = True
@@ -120,7 +123,7 @@ def _finish(ensemble: str, space, pot, params, prov: Provider, s, nbrs, key, ini
     """The stages after the neighbours are current: forces, last half kick, step count."""
     valid = prov.valid(s)
     f = pair_forces(pot, space, s.position, nbrs.idx, energy=False, others=prov.others(s, nbrs),
-                    block=prov.block)  # fmt: skip
+                    block=prov.block, rows=None if prov.rows is None else prov.rows(s))  # fmt: skip
     f = jnp.where(valid[:, None], f, 0.0)
     v = integrate.kick(s.velocity, f, s.mass, params.dt)
     if init is not None:
