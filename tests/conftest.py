@@ -14,6 +14,7 @@ call ``simpar.cli.main([...])`` in this process where a subprocess adds nothing;
 must leave the SIGINT/SIGTERM handlers as it found them (checked after each test).
 """
 
+import gc
 import os
 import platform
 import signal
@@ -48,3 +49,39 @@ def _signal_handlers_restored():
     yield
     after = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     assert after == before, f"signal handlers left changed: {before} -> {after}"
+
+
+def _memory_maps() -> int:
+    """Memory mappings of this process (``/proc/self/maps`` lines; 0 where unavailable)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+_PEAK_MAPS = [0, ""]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compiled_programs_released(request):
+    """JAX's caches are emptied after each test module. Each compiled XLA:CPU program holds
+    6-20 memory mappings (its code and constants) for as long as a cache keeps it, a process
+    may hold ``vm.max_map_count`` (65,530 by default) and LLVM segfaults inside XLA's compiler
+    when an ``mmap`` is refused: the whole suite in one process (as CI runs it) compiles
+    thousands of programs and crashed that way twice, in whichever test came next. The peak
+    count after a module is printed at the end of the run."""
+    yield
+    n = _memory_maps()
+    if n > _PEAK_MAPS[0]:
+        _PEAK_MAPS[:] = [n, request.module.__name__]
+    jax.clear_caches()
+    gc.collect()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _PEAK_MAPS[0]:
+        terminalreporter.write_line(
+            f"memory maps: peak {_PEAK_MAPS[0]} after {_PEAK_MAPS[1]} (before clearing JAX's "
+            "caches; the kernel allows vm.max_map_count, 65,530 by default)"
+        )
