@@ -274,8 +274,11 @@ def _cmd_run(args) -> int:
         if not multi:
             raise
         # one process of several: join the others first, so that they hear of it and end
-        # (else they wait for this one in jax.distributed.initialize for minutes)
+        # (else they wait for this one in jax.distributed.initialize for minutes), with the
+        # devices it was given (with JAX's default of 1 the others saw a wrong device count
+        # and could report a --mesh error instead of this one)
         early = err
+        devices = _given_devices(args)
     _configure_jax(devices)
     _enable_compile_cache(args.no_compile_cache)
     if multi:
@@ -289,6 +292,19 @@ def _cmd_run(args) -> int:
                 raise early
             return _run(args, devices, mesh, data, text)
     return _run(args, devices, mesh, data, text)
+
+
+def _given_devices(args):
+    """``--devices`` when it is valid, else None (JAX's default)."""
+    from simpar.errors import ConfigError
+    from simpar.memory import check_device_count
+
+    try:
+        if args.devices is not None:
+            check_device_count(args.devices, "--devices", MAX_DEVICES)
+    except ConfigError:
+        return None
+    return args.devices
 
 
 def _run_inputs(args, multi: bool):
