@@ -66,19 +66,22 @@ def _take(x, idx, fill=0):
     return jnp.take(x, idx, axis=0, mode="fill", fill_value=fill)
 
 
+def _id_bits(dtype):
+    """The integer type as wide as ``dtype`` that carries ids through a float packet."""
+    return jnp.int64 if jnp.dtype(dtype).itemsize == 8 else jnp.int32
+
+
 def _with_ids(x, ids):
     """float[n, k] rows and their int32[n] ids as one float[n, k + 1] packet: the ids' bits
     in the last column (bit casts, exact for any id), so each hop moves one array, one
     synchronisation between processes instead of two."""
-    itype = jnp.int64 if x.dtype.itemsize == 8 else jnp.int32
-    return jnp.concatenate([x, jax.lax.bitcast_convert_type(ids.astype(itype), x.dtype)[:, None]],
-                           axis=1)  # fmt: skip
+    bits = jax.lax.bitcast_convert_type(ids.astype(_id_bits(x.dtype)), x.dtype)
+    return jnp.concatenate([x, bits[:, None]], axis=1)
 
 
 def _split_ids(p):
     """``_with_ids``'s packet back into (float[n, k], int32[n])."""
-    itype = jnp.int64 if p.dtype.itemsize == 8 else jnp.int32
-    return p[:, :-1], jax.lax.bitcast_convert_type(p[:, -1], itype).astype(jnp.int32)
+    return p[:, :-1], jax.lax.bitcast_convert_type(p[:, -1], _id_bits(p.dtype)).astype(jnp.int32)
 
 
 def _select(mask, cap: int):

@@ -213,13 +213,6 @@ def _relist(spec: DomainSpec, comm, space: Space, state: DomainState, lists: Dom
     return s, new
 
 
-def used_slots(ids):
-    """int32[]: the leading slots holding every atom of a block (its last valid slot + 1;
-    migration and ``distribute`` pack the atoms first, in id order)."""
-    n = ids.shape[0]
-    return jnp.max(jnp.where(ids >= 0, jnp.arange(1, n + 1, dtype=jnp.int32), 0))
-
-
 def domain_provider(spec: DomainSpec, comm, space: Space,
                     policy: tuple[int, bool] = (1, True)) -> Provider:  # fmt: skip
     """The neighbour provider of the decomposed engines: owned atoms + ghosts over ``comm``,
@@ -240,7 +233,7 @@ def domain_provider(spec: DomainSpec, comm, space: Space,
         rebuild=functools.partial(_relist, spec, comm, space),
         refresh=refresh,
         others=lambda s, lists: jnp.concatenate([s.position, lists.ghost_position]),
-        rows=lambda s: used_slots(s.ids),
+        rows=lambda s: neighbors.used_rows(s.ids >= 0),
         every=int(policy[0]),
         check=bool(policy[1]),
     )
@@ -248,7 +241,7 @@ def domain_provider(spec: DomainSpec, comm, space: Space,
 
 def forces_block(spec, comm, space, pot, state: DomainState, lists: DomainLists) -> DomainState:
     """``state`` with forces, whole-system pair energy and virial at its positions."""
-    f, e, w = pair_forces(pot, space, state.position, lists.idx, rows=used_slots(state.ids),
+    f, e, w = pair_forces(pot, space, state.position, lists.idx, rows=neighbors.used_rows(state.ids >= 0),
                           others=jnp.concatenate([state.position, lists.ghost_position]))  # fmt: skip
     f = jnp.where(state.ids[:, None] >= 0, f, 0.0)
     e, w = comm.psum(jnp.stack([e, w]))  # one all-reduce, each a synchronisation point

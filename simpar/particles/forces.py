@@ -66,14 +66,14 @@ def _passes(pot, space, r, idx, cols, block: int, energy: bool, rows=None):
 
     def one(i, carry):
         start = jnp.minimum(i * block, n_rows - block)
-        rows = jax.lax.dynamic_slice_in_dim(r, start, block)
+        r_pass = jax.lax.dynamic_slice_in_dim(r, start, block)
         nbrs = jax.lax.dynamic_slice_in_dim(idx, start, block)
         if not energy:
-            f = _pair_rows(pot, space, rows, nbrs, cols, False)
+            f = _pair_rows(pot, space, r_pass, nbrs, cols, False)
             return jax.lax.dynamic_update_slice_in_dim(carry, f, start, 0)
         out, e, w = carry
         fresh = start + jnp.arange(block) >= i * block
-        f, ei, wi = _pair_rows(pot, space, rows, nbrs, cols, True, fresh)
+        f, ei, wi = _pair_rows(pot, space, r_pass, nbrs, cols, True, fresh)
         return (
             jax.lax.dynamic_update_slice_in_dim(out, f, start, 0),
             e.at[i].set(ei),

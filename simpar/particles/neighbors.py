@@ -287,7 +287,7 @@ def build(
     zero = jnp.zeros((), jnp.int32)
     init = (jnp.full((npad, m), n, jnp.int32), zero, zero)
     # blocks up to the last valid row only (a domain block's empty slots trail its atoms)
-    used = jnp.max(jnp.where(valid[:nrow], jnp.arange(1, nrow + 1, dtype=jnp.int32), 0))
+    used = used_rows(valid[:nrow])
     idx, cnt, col = jax.lax.fori_loop(0, jnp.minimum(nblk, -(-used // blk)), fill, init)
     idx = idx[:nrow]
     needed = jnp.stack([jnp.max(cnt), jnp.max(col)]).astype(jnp.int32)
@@ -301,6 +301,13 @@ def error_bits(spec: NeighborSpec, needed):
     if spec.cells is not None:
         err = err | jnp.where(needed[1] > spec.column_capacity, error_codes.CELLS, 0)
     return err.astype(jnp.int32)
+
+
+def used_rows(valid):
+    """int32[]: the leading rows holding every valid particle (the last valid index + 1; a
+    domain block's free slots trail its atoms, as migration and ``distribute`` pack them)."""
+    n = valid.shape[0]
+    return jnp.max(jnp.where(valid, jnp.arange(1, n + 1, dtype=jnp.int32), 0))
 
 
 def merge(old: NeighborList, new: NeighborList) -> NeighborList:
