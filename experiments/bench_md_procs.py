@@ -9,7 +9,11 @@ pinned with ``os.sched_setaffinity`` before they start; ``--collectives mpi`` st
 ``mpirun -np N --bind-to core --map-by core`` and ``SIMPAR_CPU_COLLECTIVES=mpi`` (JAX's
 MPItrampoline collectives; ``MPITRAMPOLINE_LIB`` must name an MPIwrapper library: README,
 benchmark section; this path cannot run in CI). Either way each worker records the affinity it
-sees.
+sees. When LAMMPS (``lmp``) and ``mpirun`` are on PATH, each round also runs LAMMPS's in.lj
+(the same cells and neighbour policy, 100 steps) on one pinned core and as N MPI ranks bound one
+per core (``lammps_peer.run_lammps``), so the JSON holds LAMMPS's own scaling measured in the
+same window (``lammps``) and each float64 engine's ratio to it (``scaling_vs_lammps``): on a
+shared machine the two codes' ratios move together.
 
 ``rss_mib`` / ``memory_report`` give the peak resident memory above the Python + JAX baseline
 (RSS once the backend is up, before any system is built) and the sizes XLA reports for a
@@ -24,6 +28,7 @@ import os
 import resource
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,7 +122,9 @@ def processes(args, script: str) -> dict:
     """``--processes N``: ``single`` (and the engines listed with ``:1``, e.g. ``shard_map:1``,
     the decomposed code on one device) as one pinned process against the other listed
     engines as N pinned 1-device processes, ``--rounds`` times interleaved; per engine the
-    best chunk over the rounds."""
+    best chunk over the rounds (``ratio_to_single``: best over best) and the ratio of each
+    round's two jobs (``ratio_per_round``, ``ratio_median``: the steadier figure on a busy
+    machine, whose speed drifts between rounds)."""
     cores = sorted(os.sched_getaffinity(0))
     listed = [e for e in args.engines.split(",") if e]
     one = ",".join(["single"] + [e for e in listed if e.endswith(":1")])
@@ -127,8 +134,10 @@ def processes(args, script: str) -> dict:
               "e.g. --engines single,shard_map:1,shard_map:2", file=sys.stderr)  # fmt: skip
         raise SystemExit(2)
     best: dict = {}
-    loads, memory = [], {}
+    loads, memory, rounds = [], {}, []
+    peer = _lammps_peer(args, cores)
     for _ in range(args.rounds):
+        rounds.append({})
         for n, engines in ((1, one), (args.processes, many_engines)):
             loads.append(os.getloadavg())
             res = _job(args, script, n, engines, cores)
@@ -136,8 +145,11 @@ def processes(args, script: str) -> dict:
             for name in args.dtypes.split(","):
                 for eng, r in res[name].items():
                     key = (name, eng if n == 1 else f"{eng}x{n}proc")
+                    rounds[-1][key] = r["atom_steps_per_s"]
                     if key not in best or r["atom_steps_per_s"] > best[key]["atom_steps_per_s"]:
                         best[key] = {**r, "affinity": res["affinity"]}
+        if peer is not None:
+            peer.run_round()
     out = {"processes": args.processes, "devices_per_process": 1, "rounds": args.rounds,
            "collectives": args.collectives,
            "cores_available": cores, "oversubscribed": args.processes > len(cores),
@@ -146,7 +158,63 @@ def processes(args, script: str) -> dict:
            "memory_per_process_last_round": {str(k): v for k, v in memory.items()}}  # fmt: skip
     for name in args.dtypes.split(","):
         res = {eng: r for (dt, eng), r in best.items() if dt == name}
-        for r in res.values():
+        for eng, r in res.items():
             r["ratio_to_single"] = r["atom_steps_per_s"] / res["single"]["atom_steps_per_s"]
+            r["ratio_per_round"] = [x[(name, eng)] / x[(name, "single")] for x in rounds]
+            r["ratio_median"] = statistics.median(r["ratio_per_round"])
         out[name] = res
+    if peer is not None:
+        out["lammps"] = peer.summary()
+        if "float64" in out:
+            lam = out["lammps"]
+            out["float64"]["scaling_vs_lammps"] = {
+                eng: {
+                    "best": r["ratio_to_single"] / lam["ratio"],
+                    "median": r["ratio_median"] / lam["ratio_median"],
+                }
+                for eng, r in out["float64"].items()
+                if eng.endswith(f"x{args.processes}proc")
+            }
     return out
+
+
+class _LammpsPeer:
+    """LAMMPS in.lj on 1 pinned core and on N ranks (one per core), best of the rounds."""
+
+    def __init__(self, lmp: str, script: str, n: int, cores: list[int]):
+        self.lmp, self.script, self.n, self.cores = lmp, script, n, cores
+        self.best: dict = {1: None, n: None}
+        self.ratios: list[float] = []
+
+    def run_round(self) -> None:
+        import lammps_peer
+
+        rate = {}
+        for ranks in self.best:
+            cpus = {self.cores[0]} if ranks == 1 else set(self.cores)
+            r = lammps_peer.run_lammps(self.lmp, self.script, cpus, ranks)
+            rate[ranks] = r["atom_steps_per_s"]
+            b = self.best[ranks]
+            if b is None or r["atom_steps_per_s"] > b["atom_steps_per_s"]:
+                self.best[ranks] = r
+        self.ratios.append(rate[self.n] / rate[1])
+
+    def summary(self) -> dict:
+        one, many = self.best[1], self.best[self.n]
+        return {"binary": self.lmp, "1_rank": one, f"{self.n}_ranks": many,
+                "ratio": many["atom_steps_per_s"] / one["atom_steps_per_s"],
+                "ratio_per_round": self.ratios,
+                "ratio_median": statistics.median(self.ratios)}  # fmt: skip
+
+
+def _lammps_peer(args, cores: list[int]):
+    """The LAMMPS peer of a ``--processes N`` run, or None without ``lmp`` / ``mpirun`` on
+    PATH, cores for N ranks, or a float64 run."""
+    import lammps_peer
+
+    lmp = lammps_peer.find_lmp()
+    if (lmp is None or shutil.which("mpirun") is None or args.processes > len(cores)
+            or "float64" not in args.dtypes.split(",")):  # fmt: skip
+        return None
+    script = lammps_peer.in_lj(args.cells, args.every, args.check == "yes")
+    return _LammpsPeer(lmp, script, args.processes, cores)

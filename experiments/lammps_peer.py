@@ -1,11 +1,13 @@
-"""LAMMPS as the peer of ``bench_md.py --vs-lammps``: its ``bench/in.lj`` run on one pinned core.
+"""LAMMPS as the peer of ``bench_md.py``: its ``bench/in.lj`` on one pinned core
+(``--vs-lammps``), or as N MPI ranks pinned one per core (``--processes N``).
 
 ``in_lj`` writes LAMMPS's ``bench/in.lj`` (32,000 atoms, fcc 0.8442, T 1.44 seed 87287, LJ
 cutoff 2.5, skin 0.3, NVE, 100 steps) with the neighbour policy chosen: as shipped
 ``neigh_modify delay 0 every 20 check no``, or ``every 1 check yes`` (the exact skin/2 check,
 simpar's default). ``run_lammps`` runs it with the CPU affinity given (set before ``exec``, so
-every thread of the process inherits it) and reads the loop time and the neighbour-list builds
-from its log.
+every thread of the process inherits it), or as ``ranks`` MPI ranks started by ``mpirun``, rank
+``i`` bound to the ``i``-th core given (``--bind-to cpu-list:ordered``, the bindings read back
+from ``--report-bindings``), and reads the loop time and the neighbour-list builds from its log.
 """
 
 from __future__ import annotations
@@ -55,32 +57,46 @@ def in_lj(cells: int = 20, every: int = 20, check: bool = False, steps: int = 10
     return IN_LJ.format(cells=cells, every=every, check="yes" if check else "no", steps=steps)
 
 
-def run_lammps(lmp: str, script: str, cpus: set[int] | None) -> dict:
-    """Run one LAMMPS job (1 process, 1 OpenMP thread) and parse its log.
+def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> dict:
+    """Run one LAMMPS job (1 OpenMP thread per process) and parse its log.
 
     Args:
       lmp: the binary.
       script: the input text (``in_lj``).
-      cpus: CPU cores to pin the process to (``os.sched_setaffinity``), or None.
+      cpus: CPU cores to pin the process to (``os.sched_setaffinity``), or None; with
+        ``ranks`` > 1 at least ``ranks`` cores, rank ``i`` bound to the ``i``-th lowest.
+      ranks: MPI ranks (``mpirun -np ranks``; ``mpirun`` must be on PATH).
 
     Returns:
       ``{"loop_s": float seconds of the run loop, "atoms": int, "steps": int,
       "atom_steps_per_s": float, "neighbor_builds": int, "dangerous_builds": int | None,
-      "affinity": list[int]}``.
+      "ranks": int, "affinity": list[int] (one core per rank when ranks > 1)}``.
 
     Raises:
-      RuntimeError: LAMMPS failed or its log lacks the loop line.
+      RuntimeError: LAMMPS or mpirun failed, is missing, or its log lacks the loop line.
     """
+    cmd, pin, cores = [lmp], (lambda: os.sched_setaffinity(0, cpus)) if cpus else None, None
+    if ranks > 1:
+        mpirun = shutil.which("mpirun")
+        cores = sorted(cpus or os.sched_getaffinity(0))[:ranks]
+        if mpirun is None or len(cores) < ranks:
+            raise RuntimeError(f"LAMMPS on {ranks} ranks needs mpirun on PATH and {ranks} cores")
+        cmd = [mpirun, "-np", str(ranks), "--bind-to", "cpu-list:ordered", "--cpu-list",
+               ",".join(map(str, cores)), "--report-bindings", lmp]  # fmt: skip
+        if os.geteuid() == 0:
+            cmd[1:1] = ["--allow-run-as-root"]
+        pin = None
     with tempfile.TemporaryDirectory() as tmp:
         inp, log = os.path.join(tmp, "in.lj"), os.path.join(tmp, "log.lammps")
         with open(inp, "w") as f:
             f.write(script)
         env = dict(os.environ, OMP_NUM_THREADS="1")
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        res = subprocess.run([lmp, "-in", inp, "-log", log, "-screen", "none"], cwd=tmp,
+        res = subprocess.run(cmd + ["-in", inp, "-log", log, "-screen", "none"], cwd=tmp,
                              env=env, preexec_fn=pin, capture_output=True, text=True)  # fmt: skip
         text = open(log).read() if os.path.exists(log) else ""
     m = re.search(r"Loop time of ([\d.eE+-]+) on \d+ procs for (\d+) steps with (\d+) atoms", text)
+    bound = [int(c) for c in re.findall(r"rank \d+ bound to \S+ \S+\[core (\d+)", res.stderr)]
     if res.returncode or not m:
         raise RuntimeError(f"LAMMPS failed (exit {res.returncode}): {res.stderr[-500:]}")
     loop, steps, atoms = float(m.group(1)), int(m.group(2)), int(m.group(3))
@@ -93,7 +109,8 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None) -> dict:
         "atom_steps_per_s": atoms * steps / loop,
         "neighbor_builds": int(builds.group(1)) if builds else None,
         "dangerous_builds": int(dangerous.group(1)) if dangerous else None,
-        "affinity": sorted(cpus) if cpus else sorted(os.sched_getaffinity(0)),
+        "ranks": ranks,
+        "affinity": bound if ranks > 1 else sorted(cpus or os.sched_getaffinity(0)),
     }
 
 
