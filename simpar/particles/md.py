@@ -127,7 +127,7 @@ def local_provider(spec: NeighborSpec, space: Space, block: int | None = -1,
     ``step.Provider``."""
 
     def rebuild(s, nb, _init):
-        return s, neighbors.merge(nb, neighbors.build(spec, space, s.position, s.valid))
+        return s, _rebuild_list(spec, space, s, nb)
 
     return Provider(
         skin=spec.skin,
@@ -180,8 +180,7 @@ def run_chunk(ensemble: str, spec: NeighborSpec, space: Space, pot: PairPotentia
     prov = local_provider(spec, space, block, policy)
     step_fn = functools.partial(md_step, ensemble, space, pot, params, prov)
     state, nbrs = run_steps(step_fn, state, nbrs, n_steps)
-    _, e, w = pair_forces(pot, space, state.position, nbrs.idx, block=block)
-    return state._replace(e_pair=e, virial=w), nbrs
+    return _energy(space, pot, state, nbrs, block), nbrs
 
 
 @functools.partial(
@@ -217,8 +216,9 @@ def _rebuild_list(spec: NeighborSpec, space: Space, state: MDState, nbrs: Neighb
     return neighbors.merge(nbrs, neighbors.build(spec, space, state.position, state.valid))
 
 
-def _energy(space: Space, pot: PairPotential, state: MDState, nbrs: NeighborList):
-    _, e, w = pair_forces(pot, space, state.position, nbrs.idx)
+def _energy(space: Space, pot: PairPotential, state: MDState, nbrs: NeighborList, block=-1):
+    """``state`` with the pair energy and virial at its positions (forces unchanged)."""
+    _, e, w = pair_forces(pot, space, state.position, nbrs.idx, block=block)
     return state._replace(e_pair=e, virial=w)
 
 
