@@ -75,7 +75,7 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> 
     Raises:
       RuntimeError: LAMMPS or mpirun failed, is missing, or its log lacks the loop line.
     """
-    cmd, pin, cores = [lmp], (lambda: os.sched_setaffinity(0, cpus)) if cpus else None, None
+    cmd, pin = [lmp], (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     if ranks > 1:
         mpirun = shutil.which("mpirun")
         cores = sorted(cpus or os.sched_getaffinity(0))[:ranks]
@@ -91,12 +91,12 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> 
         with open(inp, "w") as f:
             f.write(script)
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         res = subprocess.run(cmd + ["-in", inp, "-log", log, "-screen", "none"], cwd=tmp,
                              env=env, preexec_fn=pin, capture_output=True, text=True)  # fmt: skip
         text = open(log).read() if os.path.exists(log) else ""
     m = re.search(r"Loop time of ([\d.eE+-]+) on \d+ procs for (\d+) steps with (\d+) atoms", text)
-    bound = [int(c) for c in re.findall(r"rank \d+ bound to \S+ \S+\[core (\d+)", res.stderr)]
+    bound = [c for _, c in sorted((int(i), int(c)) for i, c in re.findall(
+        r"rank (\d+) bound to \S+ \S+\[core (\d+)", res.stderr))]  # fmt: skip
     if res.returncode or not m:
         raise RuntimeError(f"LAMMPS failed (exit {res.returncode}): {res.stderr[-500:]}")
     loop, steps, atoms = float(m.group(1)), int(m.group(2)), int(m.group(3))

@@ -4,6 +4,7 @@ continuation from a file, sharded == single (8 CPU devices, see conftest.py)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 
 import h5py
@@ -418,6 +419,45 @@ def test_lammps_dump_velocities_map_onto_the_lattice(tmp_path):
     np.savetxt(dump, rows, header="\n" * 8, comments="", fmt="%.17g")
     with pytest.raises(ValueError, match="lattice"):
         peer.lattice_velocities(str(dump), r, edge)
+
+
+def test_lammps_peer_starts_ranks_bound_one_per_core(tmp_path, monkeypatch):
+    """``lammps_peer.run_lammps(..., ranks=N)`` (the peer of ``bench_md.py --processes N``)
+    starts ``mpirun -np N`` with rank ``i`` bound to the ``i``-th core given, reads the
+    bindings mpirun reports (in rank order) into ``affinity`` and the rate from LAMMPS's log; too few
+    cores is an error. Stand-ins for ``mpirun`` and ``lmp`` (CI has neither)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "experiments" / "lammps_peer.py"
+    spec = importlib.util.spec_from_file_location("lammps_peer", path)
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    mpirun, lmp = tmp_path / "mpirun", tmp_path / "lmp"
+    mpirun.write_text(
+        '#!/bin/bash\necho "$@" > "$(dirname "$0")/args"\n'
+        'while [ "$1" != "--report-bindings" ]; do\n'
+        '  if [ "$1" = "--cpu-list" ]; then list="$2"; fi; shift\ndone\nshift; i=0\n'
+        'for c in ${list//,/ }; do\n'  # mpirun reports the ranks in any order
+        '  echo "[vm:1] MCW rank $i bound to socket 0[core $c[hwt 0]]: [B]"; i=$((i+1))\n'
+        'done | tac >&2\nexec "$@"\n'
+    )  # fmt: skip
+    lmp.write_text(
+        '#!/bin/bash\nwhile [ $# -gt 0 ]; do [ "$1" = "-log" ] && log="$2"; shift; done\n'
+        "printf 'Loop time of 0.5 on 2 procs for 100 steps with 32000 atoms\\n"
+        "Neighbor list builds = 5\\n' > \"$log\"\n"
+    )  # fmt: skip
+    mpirun.chmod(0o755)
+    lmp.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    out = peer.run_lammps(str(lmp), peer.in_lj(3), {5, 3, 9}, ranks=2)
+    assert out["ranks"] == 2 and out["affinity"] == [3, 5]
+    assert out["atom_steps_per_s"] == 32000 * 100 / 0.5 and out["neighbor_builds"] == 5
+    args = (tmp_path / "args").read_text().split()
+    assert args[args.index("-np") + 1] == "2" and "cpu-list:ordered" in args
+    assert args[args.index("--cpu-list") + 1] == "3,5"
+    with pytest.raises(RuntimeError, match="3 cores"):
+        peer.run_lammps(str(lmp), peer.in_lj(3), {0, 1}, ranks=3)
 
 
 @pytest.mark.parametrize(
