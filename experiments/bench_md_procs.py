@@ -135,6 +135,12 @@ def processes(args, script: str) -> dict:
         raise SystemExit(2)
     best: dict = {}
     loads, memory, rounds = [], {}, []
+
+    def keep(key, r: dict) -> None:  # a job's rate in this round, and the best so far
+        rounds[-1][key] = r["atom_steps_per_s"]
+        if key not in best or r["atom_steps_per_s"] > best[key]["atom_steps_per_s"]:
+            best[key] = r
+
     peer = _lammps_peer(args, cores)
     for _ in range(args.rounds):
         rounds.append({})
@@ -144,12 +150,14 @@ def processes(args, script: str) -> dict:
             memory[n] = res["memory_per_process"]
             for name in args.dtypes.split(","):
                 for eng, r in res[name].items():
-                    key = (name, eng if n == 1 else f"{eng}x{n}proc")
-                    rounds[-1][key] = r["atom_steps_per_s"]
-                    if key not in best or r["atom_steps_per_s"] > best[key]["atom_steps_per_s"]:
-                        best[key] = {**r, "affinity": res["affinity"]}
+                    keep((name, eng if n == 1 else f"{eng}x{n}proc"),
+                         {**r, "affinity": res["affinity"]})  # fmt: skip
         if peer is not None:
-            peer.run_round()
+            import lammps_peer
+
+            for ranks in (1, args.processes):
+                cpus = {cores[0]} if ranks == 1 else set(cores)
+                keep(("lammps", ranks), lammps_peer.run_lammps(*peer, cpus, ranks))
     out = {"processes": args.processes, "devices_per_process": 1, "rounds": args.rounds,
            "collectives": args.collectives,
            "cores_available": cores, "oversubscribed": args.processes > len(cores),
@@ -159,12 +167,13 @@ def processes(args, script: str) -> dict:
     for name in args.dtypes.split(","):
         res = {eng: r for (dt, eng), r in best.items() if dt == name}
         for eng, r in res.items():
-            r["ratio_to_single"] = r["atom_steps_per_s"] / res["single"]["atom_steps_per_s"]
-            r["ratio_per_round"] = [x[(name, eng)] / x[(name, "single")] for x in rounds]
-            r["ratio_median"] = statistics.median(r["ratio_per_round"])
+            r.update(_ratios(best, rounds, (name, eng), (name, "single"), "ratio_to_single"))
         out[name] = res
     if peer is not None:
-        out["lammps"] = peer.summary()
+        n = args.processes
+        out["lammps"] = {"binary": peer[0], "1_rank": best[("lammps", 1)],
+                         f"{n}_ranks": best[("lammps", n)],
+                         **_ratios(best, rounds, ("lammps", n), ("lammps", 1), "ratio")}  # fmt: skip
         if "float64" in out:
             lam = out["lammps"]
             out["float64"]["scaling_vs_lammps"] = {
@@ -173,48 +182,27 @@ def processes(args, script: str) -> dict:
                     "median": r["ratio_median"] / lam["ratio_median"],
                 }
                 for eng, r in out["float64"].items()
-                if eng.endswith(f"x{args.processes}proc")
+                if eng.endswith(f"x{n}proc")
             }
     return out
 
 
-class _LammpsPeer:
-    """LAMMPS in.lj on 1 pinned core and on N ranks (one per core), best of the rounds."""
-
-    def __init__(self, lmp: str, script: str, n: int, cores: list[int]):
-        self.lmp, self.script, self.n, self.cores = lmp, script, n, cores
-        self.best: dict = {1: None, n: None}
-        self.ratios: list[float] = []
-
-    def run_round(self) -> None:
-        import lammps_peer
-
-        rate = {}
-        for ranks in self.best:
-            cpus = {self.cores[0]} if ranks == 1 else set(self.cores)
-            r = lammps_peer.run_lammps(self.lmp, self.script, cpus, ranks)
-            rate[ranks] = r["atom_steps_per_s"]
-            b = self.best[ranks]
-            if b is None or r["atom_steps_per_s"] > b["atom_steps_per_s"]:
-                self.best[ranks] = r
-        self.ratios.append(rate[self.n] / rate[1])
-
-    def summary(self) -> dict:
-        one, many = self.best[1], self.best[self.n]
-        return {"binary": self.lmp, "1_rank": one, f"{self.n}_ranks": many,
-                "ratio": many["atom_steps_per_s"] / one["atom_steps_per_s"],
-                "ratio_per_round": self.ratios,
-                "ratio_median": statistics.median(self.ratios)}  # fmt: skip
+def _ratios(best: dict, rounds: list[dict], key, ref, name: str) -> dict:
+    """Job ``key``'s rate over job ``ref``'s: best over best (``name``), each round's
+    (``ratio_per_round``) and their median (``ratio_median``)."""
+    per_round = [x[key] / x[ref] for x in rounds]
+    return {name: best[key]["atom_steps_per_s"] / best[ref]["atom_steps_per_s"],
+            "ratio_per_round": per_round,
+            "ratio_median": statistics.median(per_round)}  # fmt: skip
 
 
 def _lammps_peer(args, cores: list[int]):
-    """The LAMMPS peer of a ``--processes N`` run, or None without ``lmp`` / ``mpirun`` on
-    PATH, cores for N ranks, or a float64 run."""
+    """``(lmp, script)``: LAMMPS's binary and in.lj for the peer of a ``--processes N``
+    run; None without ``lmp`` / ``mpirun`` on PATH, cores for N ranks, or a float64 run."""
     import lammps_peer
 
     lmp = lammps_peer.find_lmp()
     if (lmp is None or shutil.which("mpirun") is None or args.processes > len(cores)
             or "float64" not in args.dtypes.split(",")):  # fmt: skip
         return None
-    script = lammps_peer.in_lj(args.cells, args.every, args.check == "yes")
-    return _LammpsPeer(lmp, script, args.processes, cores)
+    return lmp, lammps_peer.in_lj(args.cells, args.every, args.check == "yes")

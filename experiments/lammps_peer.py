@@ -75,7 +75,7 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> 
     Raises:
       RuntimeError: LAMMPS or mpirun failed, is missing, or its log lacks the loop line.
     """
-    cmd, pin = [lmp], (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    cmd, pin = [lmp], (lambda: os.sched_setaffinity(0, cpus)) if cpus and ranks == 1 else None
     if ranks > 1:
         mpirun = shutil.which("mpirun")
         cores = sorted(cpus or os.sched_getaffinity(0))[:ranks]
@@ -85,7 +85,6 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> 
                ",".join(map(str, cores)), "--report-bindings", lmp]  # fmt: skip
         if os.geteuid() == 0:
             cmd[1:1] = ["--allow-run-as-root"]
-        pin = None
     with tempfile.TemporaryDirectory() as tmp:
         inp, log = os.path.join(tmp, "in.lj"), os.path.join(tmp, "log.lammps")
         with open(inp, "w") as f:
