@@ -43,6 +43,8 @@ import sys
 import tempfile
 import time
 
+from simpar.benchmark import environment  # noqa: E402
+
 SIZES = (8, 64 * 1024, 1_600_000)  # bytes per device per ppermute
 
 
@@ -168,7 +170,7 @@ def worker(args) -> None:
     ops["psum_scalar"] = (array(8), lambda y: lax.psum(y, "x") * 0.5)
     ops["noop"] = (array(8), lambda y: y + 1.0)
     out = {"process": jax.process_index(), "collectives": args.collectives,
-           "affinity": sorted(os.sched_getaffinity(0)), "jax": jax.__version__,
+           "affinity": sorted(os.sched_getaffinity(0)), **environment(),
            "devices": [str(d) for d in jax.devices()], "calls": args.calls,
            "loop": args.loop, "figures": {}}  # fmt: skip
     for name, (x, f) in ops.items():

@@ -34,6 +34,8 @@ import platform
 import sys
 import time
 
+from simpar.benchmark import environment  # noqa: E402
+
 if "--gpu" not in sys.argv:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX starts
 
@@ -171,7 +173,7 @@ def main():
     dist_n = min(a.dist_size, 32) if a.small else a.dist_size
     out = {
         "benchmark": "fft",
-        "jax": jax.__version__,
+        **environment(),
         "numpy": np.__version__,
         "scipy": scipy.__version__,
         "backend": jax.default_backend(),

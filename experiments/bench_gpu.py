@@ -39,6 +39,8 @@ import platform
 import sys
 import time
 
+from simpar.benchmark import environment  # noqa: E402
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 SIZES = {  # (heat n, lbm n, LJ fcc cells per side, N-body particles, steps per chunk)
@@ -157,7 +159,7 @@ def main(argv=None) -> int:
                 "backend": jax.default_backend(),
                 "device_kind": jax.devices()[0].device_kind,
                 "devices": ndev,
-                "jax": jax.__version__,
+                **environment(),
                 "host": platform.node(),
                 "cpu_count": os.cpu_count(),
                 "memory_bandwidth_GBps": bw,

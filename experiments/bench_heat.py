@@ -23,6 +23,8 @@ import argparse
 import json
 import os
 
+from simpar.benchmark import environment  # noqa: E402
+
 
 def heat_setup(n: int, walls: bool = False, dtype: str = "float32"):
     """(model, state, params, dt) of the benchmark: n x n, periodic or walls on x."""
@@ -129,7 +131,7 @@ def main():
                 "benchmark": f"heat2d_5pt_{'walls_x' if args.walls else 'periodic'}_float32",
                 "grid": [n, n],
                 "steps_per_chunk": steps,
-                "jax": jax.__version__,
+                **environment(),
                 "backend": jax.default_backend(),
                 "cpu_count": os.cpu_count(),
                 "memory_bandwidth_GBps": {k: round(v, 2) for k, v in bw.items()},

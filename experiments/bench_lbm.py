@@ -53,6 +53,8 @@ import json
 import os
 import sys
 
+from simpar.benchmark import environment  # noqa: E402
+
 CASES = (  # (engine, mesh, halo): halo 1 = one exchange per step, what the LBM configs use
     ("single", (1,), 1),
     ("single", (1,), 4),  # the engines' default width, for comparison
@@ -192,7 +194,7 @@ def main(argv=None) -> int:
         "roofline_mlups_copy_bw": roof_copy,
         "xla_streaming_copy_mlups": ceiling,
         "roofline_mlups": roof,
-        "jax": jax.__version__,
+        **environment(),
         "backend": jax.default_backend(),
         "devices": len(jax.devices()),
         "cpu_count": os.cpu_count(),

@@ -62,6 +62,8 @@ import time
 
 import jax
 
+from simpar.benchmark import environment  # noqa: E402
+
 jax.config.update("jax_enable_x64", True)
 
 import re  # noqa: E402
@@ -409,19 +411,19 @@ def main() -> None:
         jax.config.update("jax_num_cpu_devices", 8)
     if args.vs_lammps:
         print(json.dumps({"benchmark": "LAMMPS in.lj vs simpar single, float64, pinned",
-                          "jax": jax.__version__, "host": platform.node(),
+                          **environment(), "host": platform.node(),
                           **_vs_lammps(args)}, indent=1))  # fmt: skip
         return
     elif args.processes > 1:
         print(json.dumps({"benchmark": "LAMMPS in.lj, engines as processes",
-                          "jax": jax.__version__, **processes(args, __file__)},
+                          **environment(), **processes(args, __file__)},
                          indent=1))  # fmt: skip
         return
     jax.block_until_ready(jnp.zeros(1) + 1)  # the backend is up: the RSS baseline
     baseline = rss_mib()
     out = {
         "benchmark": "LAMMPS in.lj, single engine",
-        "jax": jax.__version__,
+        **environment(),
         "backend": jax.default_backend(),
         "device": str(jax.devices()[0]),
         "host": platform.node(),

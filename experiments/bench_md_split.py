@@ -31,6 +31,8 @@ import time
 
 import jax
 
+from simpar.benchmark import environment  # noqa: E402
+
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
@@ -201,7 +203,7 @@ def main() -> None:
     parts = [p["relist"] + n_forces * (p["forces"] + p["forward"]) + p["forces"] for p in many]
     print(json.dumps({
         "benchmark": "in.lj time split, shard_map over pinned processes vs single",
-        "jax": jax.__version__, "processes": args.processes, "load_average": os.getloadavg(),
+        **environment(), "processes": args.processes, "load_average": os.getloadavg(),
         "single": one, "per_process": many,
         "ratio_chunk_20": one["chunk_20"] / max(p["chunk_20"] for p in many),
         "ideal_ratio": one["chunk_20"] / max(parts),

@@ -23,6 +23,8 @@ import platform
 import sys
 import time
 
+from simpar.benchmark import environment  # noqa: E402
+
 if "--gpu" not in sys.argv:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX starts
 
@@ -95,7 +97,7 @@ def main() -> None:
                 "numpy_pair_interactions_per_s": numpy_rate,
                 "numpy_seconds_per_force": t_np,
                 "results": results,
-                "jax_version": jax.__version__,
+                **environment(),
                 "backend": jax.default_backend(),
                 "device_kind": jax.devices()[0].device_kind,
                 "cpu_count": os.cpu_count(),

@@ -158,3 +158,32 @@ def bytes_per_step(engine, state, params) -> float:
     per = max(engine.halo // engine.model.radius, 1)
     text = engine.lowered_advance(engine.place(state), params, per).compile().as_text()
     return bytes_moved(text) / per
+
+
+def environment() -> dict:
+    """What a benchmark's JSON records about where it ran: Python, JAX and jaxlib versions,
+    the backend, the CPU model, and which XLA tuning options simpar passed
+    (``simpar.memory.compiler_options_report``: options this jaxlib refuses are dropped)."""
+    import platform
+
+    import jax
+    import jaxlib
+
+    from simpar.memory import compiler_options_report
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "backend": jax.default_backend(),
+        "cpu": cpu,
+        "compiler_options": compiler_options_report(),
+    }

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import resource
 import sys
@@ -215,20 +216,57 @@ def release_free_memory() -> bool:
 
 
 #: XLA:CPU options of the programs simpar compiles "lean" (``lean_jit``): the loop emitters
-#: instead of the MLIR fusion emitters. Measured on in.lj (32,000 atoms, float64, one core):
-#: the same results bit for bit (forces, lists, a 100-step trajectory), a fifth of the
-#: compiler's memory (a list build: +86 -> +15 MiB peak; the fused chunk +132 -> +25 MiB), list
-#: builds ~5% faster, but the force kernel ~30% slower (11.6 -> 15 ms), which is why the time
-#: steps keep the fusion emitters and only set-up, list builds and energies are lean.
+#: instead of the MLIR fusion emitters. Measured on in.lj (32,000 atoms, float64, one core,
+#: jaxlib 0.10): the same results bit for bit (forces, lists, a 100-step trajectory), a fifth
+#: of the compiler's memory (a list build: +86 -> +15 MiB peak; the fused chunk +132 -> +25
+#: MiB), list builds ~5% faster, but the force kernel ~30% slower (11.6 -> 15 ms), which is why
+#: the time steps keep the fusion emitters and only set-up, list builds and energies are lean.
+#: These options only tune memory: a jaxlib that does not know one (jaxlib 0.12 removed
+#: ``xla_cpu_use_fusion_emitters``) compiles without it (:func:`accepted_compiler_options`).
 LEAN_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
+@functools.cache
+def _accepts(name: str, value) -> bool:
+    """Whether this jaxlib's default backend compiles a tiny program with the option
+    ``name=value`` (a compile of ~10 ms, once per option and process)."""
+    import jax
+    import jax.numpy as jnp
+
+    try:
+        jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(
+            jax.ShapeDtypeStruct((), jnp.float32)
+        ).compile()
+    except Exception:  # noqa: BLE001 - XLA raises JaxRuntimeError/ValueError/... by version
+        return False
+    return True
+
+
+def accepted_compiler_options(options: dict) -> dict:
+    """The subset of ``options`` (XLA compiler options that only tune speed or memory) that
+    this jaxlib accepts; the others are dropped quietly. Which were used is reported by
+    :func:`compiler_options_report` (benchmarks put it in their JSON)."""
+    return {k: v for k, v in options.items() if _accepts(k, v)}
+
+
 def lean_compiler_options() -> dict:
-    """``LEAN_CPU_OPTIONS`` when JAX's default backend is the CPU, else ``{}`` (accelerator
-    compilers have their own emitters and memory)."""
+    """The accepted part of ``LEAN_CPU_OPTIONS`` when JAX's default backend is the CPU, else
+    ``{}`` (accelerator compilers have their own emitters and memory)."""
     import jax
 
-    return dict(LEAN_CPU_OPTIONS) if jax.default_backend() == "cpu" else {}
+    if jax.default_backend() != "cpu":
+        return {}
+    return accepted_compiler_options(LEAN_CPU_OPTIONS)
+
+
+def compiler_options_report() -> dict:
+    """Which tuning options simpar passes to XLA on this jaxlib and backend, for benchmark
+    JSON: ``{"lean_jit": {...used...}, "dropped": [names this jaxlib refused]}``."""
+    used = lean_compiler_options()
+    import jax
+
+    asked = LEAN_CPU_OPTIONS if jax.default_backend() == "cpu" else {}
+    return {"lean_jit": used, "dropped": sorted(set(asked) - set(used))}
 
 
 class _LeanJit:
