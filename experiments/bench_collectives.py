@@ -21,7 +21,7 @@ multi-process runs) starts the workers here, pinned to cores 0 and 1 with
 ``os.sched_setaffinity`` before they start (``bench_md_procs.pinner``) or not pinned. ``mpi``
 (JAX's MPItrampoline collectives) starts them with ``mpirun -np 2 --bind-to core`` (or
 ``--bind-to none``) and needs ``MPITRAMPOLINE_LIB`` set to an MPIwrapper library built
-against the system MPI (``README.md``, benchmark section); process ids come from
+against the system MPI (``docs/multiprocess.md``); process ids come from
 ``OMPI_COMM_WORLD_RANK``. Each worker records the CPU affinity it sees.
 
 Run (about a minute; a job that hangs is killed after ``--timeout`` seconds)::

@@ -45,7 +45,7 @@ The process holds 8 virtual CPU devices only for ``--engines`` and ``--comm``; `
 runs with one, as ``simpar run`` does (with 8 it took 1.3x the CPU time).
 ``--collectives mpi`` (with ``--processes N``) starts the workers with ``mpirun -np N
 --bind-to core`` and JAX's MPI collectives instead of gloo (``bench_md_procs.py``; needs
-``MPITRAMPOLINE_LIB``, README; not run in CI).
+``MPITRAMPOLINE_LIB``, docs/multiprocess.md; not run in CI).
 ``--comm`` reports the collectives in the compiled ``sharded`` LJ chunk (HLO) and the bytes
 they move per step, beside the bytes of the ghost exchange of the decomposition.
 """

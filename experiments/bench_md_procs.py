@@ -7,8 +7,8 @@ keeping each job's best, and records the load average before every job: on a sha
 such figures are only indicative. ``--collectives gloo`` (the default) starts the workers here,
 pinned with ``os.sched_setaffinity`` before they start; ``--collectives mpi`` starts them with
 ``mpirun -np N --bind-to core --map-by core`` and ``SIMPAR_CPU_COLLECTIVES=mpi`` (JAX's
-MPItrampoline collectives; ``MPITRAMPOLINE_LIB`` must name an MPIwrapper library: README,
-benchmark section; this path cannot run in CI). Either way each worker records the affinity it
+MPItrampoline collectives; ``MPITRAMPOLINE_LIB`` must name an MPIwrapper library:
+docs/multiprocess.md; this path cannot run in CI). Either way each worker records the affinity it
 sees. When LAMMPS (``lmp``) and ``mpirun`` are on PATH, each round also runs LAMMPS's in.lj
 (the same cells and neighbour policy, 100 steps) on one pinned core and as N MPI ranks bound one
 per core (``lammps_peer.run_lammps``), so the JSON holds LAMMPS's own scaling measured in the
@@ -97,7 +97,7 @@ def _mpirun(cmd: list[str], n: int, n_cores: int) -> list[str]:
     mpirun = shutil.which("mpirun")
     if mpirun is None or not os.environ.get("MPITRAMPOLINE_LIB"):
         raise SystemExit("bench_md.py: --collectives mpi needs mpirun on PATH and "
-                         "MPITRAMPOLINE_LIB naming an MPIwrapper library (README)")  # fmt: skip
+                         "MPITRAMPOLINE_LIB naming an MPIwrapper library (docs/multiprocess.md)")  # fmt: skip
     bind = "core" if n <= n_cores else "core:overload-allowed"
     with tempfile.TemporaryDirectory() as tmp:
         launcher = [mpirun, "-np", str(n), "--bind-to", bind, "--map-by", "core",

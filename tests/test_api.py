@@ -304,26 +304,6 @@ def test_single_ignores_a_mesh_from_the_command_line_and_from_python(tmp_path, c
         np.testing.assert_array_equal(u, cli_u)
 
 
-def _readme_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    return [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
-
-
-def test_readme_has_python_blocks():
-    assert len(_readme_blocks()) >= 4
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("i", range(len(_readme_blocks())))
-def test_readme_python_block_runs_alone_in_a_fresh_process(i):
-    """Every ```python block of README.md, pasted alone into a new script, runs and passes
-    its own asserts (issue 17 item 7a): a fresh interpreter each (x64 off, one CPU device
-    until the block asks for more), never after another block configured JAX."""
-    block = _readme_blocks()[i]
-    r = _python(block)
-    assert r.returncode == 0, f"README.md python block {i}:\n{block}\n{r.stderr[-3000:]}"
-
-
 def test_every_public_module_function_class_and_method_has_a_docstring():
     """As ``help()`` shows them (a method inherits its base class's docstring)."""
     import importlib

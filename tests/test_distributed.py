@@ -1,7 +1,7 @@
 """Multi-process runs (``jax.distributed``): two local processes of 4 CPU devices each, gloo.
 
 The same path runs on a cluster with one process per host; here both processes run on this
-machine (README "More than one process"). Each run's output is compared with a
+machine (docs/multiprocess.md). Each run's output is compared with a
 one-process run of the same config: the fields bitwise, global sums to round-off.
 Budget: about a minute on 2 CPU cores. The two-process runs are in the slow tier; the
 one-process references and the options checked before JAX starts run in this process
@@ -153,7 +153,7 @@ def test_cpu_collectives_variable_is_checked_before_jax_joins_exit_2(tmp_path, c
     MPIwrapper in ``MPITRAMPOLINE_LIB``, outside ``mpirun`` or with more than one device per
     process, exit 2 naming the variable or option, before JAX joins. The MPI path itself
     needs an MPIwrapper library and ``mpirun`` and is not run in CI
-    (``experiments/bench_collectives.py``, README benchmark section)."""
+    (``experiments/bench_collectives.py``, docs/benchmarks.md)."""
 
     def never(*args, **kwargs):
         raise AssertionError("jax.distributed.initialize reached with an invalid environment")

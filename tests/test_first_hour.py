@@ -1,9 +1,10 @@
 """A new user's first hour (issue 17, item 7): the README's order and examples, the command
 line's stdout contract and help text.
 
-- The Quick start is the README's first section after the one-paragraph intro.
-- The "Writing your own grid model" example runs as a fresh script (its own process, no test
-  set-up: no forced devices, no FMA flag) and its model agrees on all four engines.
+- The Quick start is the README's first section after the one-paragraph intro and the contents.
+- The "Writing your own grid model" example (docs/kernels.md) runs as a fresh script (its own
+  process, no test set-up: no forced devices, no FMA flag) and its model agrees on all four
+  engines.
 - ``simpar run`` prints only the JSON summary on stdout, also with ``--show-layout`` (the
   layout goes to stderr), and says on stderr where it wrote.
 - ``simpar run --help`` lists the exit codes 0, 1, 2, 130 and 143.
@@ -22,14 +23,15 @@ from simpar.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+KERNELS = (ROOT / "docs" / "kernels.md").read_text()
 HEAT = str(ROOT / "experiments/heat2d.toml")
 SMALL = ["--set", "grid.shape=[32,32]", "--steps", "4", "--set", "output.every=2"]
 
 
-def _section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start : end if end > 0 else None]
+def _section(title: str, text: str = README) -> str:
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else None]
 
 
 def _fresh_env() -> dict:
@@ -42,12 +44,13 @@ def test_quick_start_comes_first():
     headings = re.findall(r"^## (.+)$", README, flags=re.M)
     assert headings[0] == "Quick start", headings[:3]
     intro = README[README.index("# simpar\n") : README.index("## Quick start")]
-    assert intro.strip().count("\n\n") == 1, intro  # the title and one paragraph
+    title, paragraph, contents = intro.strip().split("\n\n")  # title, one paragraph, contents
+    assert contents.startswith("**Contents:**") and "(#quick-start)" in contents, contents
     assert "simpar run experiments/heat2d.toml" in _section("Quick start")
 
 
 def test_own_grid_model_example_runs_on_all_four_engines_in_a_fresh_process(tmp_path):
-    section = _section("Writing your own grid model")
+    section = _section("Writing your own grid model", KERNELS)
     for word in ("padded by `k`", "radius", "bcs", "params"):
         assert word in section, word
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)

@@ -1,12 +1,12 @@
 """The temperature bias of the BAOAB Langevin integrator follows ``c dt^2`` (issue 17, item 10).
 
-``experiments/langevin_bias.py`` measures it (README, "Temperature bias of the Langevin
-integrator"); here a 500-atom LJ liquid at three time steps. The full-step kinetic temperature
-(what simpar reports) reads low by ``c dt^2`` with ``c`` the harmonic-theory value
-``-<|F|^2> / (12 N m)``; the velocities after the O stage show no bias. The friction is 10 per
-tau here, not the config's 1: BAOAB's kinetic bias does not depend on gamma (exactly so for a
-harmonic oscillator, and the 4,000-atom gamma = 1 table agrees), and gamma = 10 shortens the
-kinetic-energy correlation time to ~0.05 tau, so 10 tau per dt give standard errors of 0.003.
+``experiments/langevin_bias.py`` measures it (its docstring holds the 4,000-atom table); here a
+500-atom LJ liquid at three time steps. The full-step kinetic temperature (what simpar reports)
+reads low by ``c dt^2`` with ``c`` the harmonic-theory value ``-<|F|^2> / (12 N m)``; the
+velocities after the O stage show no bias. The friction is 10 per tau here, not the config's 1:
+BAOAB's kinetic bias does not depend on gamma (exactly so for a harmonic oscillator, and the
+4,000-atom gamma = 1 table agrees), and gamma = 10 shortens the kinetic-energy correlation time
+to ~0.05 tau, so 10 tau per dt give standard errors of 0.003.
 Budget: about 60 s on 2 busy CPU cores (slow tier).
 """
 

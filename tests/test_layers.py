@@ -114,13 +114,14 @@ def test_no_module_over_about_500_lines():
 
 
 def test_readme_layout_names_every_module_in_layer_order():
-    """README "Layout" is the module map: every module is named, and the top-level entries
-    are listed lowest layer first (each imports only entries above it)."""
-    readme = (_SIMPAR.parent / "README.md").read_text()
+    """docs/architecture.md "Layout" is the module map: every module is named, and the
+    top-level entries are listed lowest layer first (each imports only entries above it)."""
+    readme = (_SIMPAR.parent / "docs" / "architecture.md").read_text()
     block = readme.split("## Layout\n", 1)[1].split("```", 2)[1]
     for f in _SIMPAR.rglob("*.py"):
         if f.name not in ("__init__.py", "__main__.py"):
-            assert f" {f.name}" in block, f"README Layout does not name {f.relative_to(_SIMPAR)}"
+            where = f.relative_to(_SIMPAR)
+            assert f" {f.name}" in block, f"docs/architecture.md Layout does not name {where}"
     top = [
         line.split()[0].rstrip("/").removesuffix(".py")
         for line in block.splitlines()
@@ -130,6 +131,6 @@ def test_readme_layout_names_every_module_in_layer_order():
     for node, deps in import_graph().items():
         if node in ("simpar", "__main__"):
             continue
-        assert node in rank, f"README Layout does not list {node}"
+        assert node in rank, f"docs/architecture.md Layout does not list {node}"
         late = sorted(d for d in deps if rank[d] >= rank[node])
-        assert not late, f"README Layout lists {node} above {late}, which it imports"
+        assert not late, f"docs/architecture.md Layout lists {node} above {late}, which it imports"

@@ -159,10 +159,10 @@ def test_surrogate_training_pmap_and_sharding_equal_one_device(tmp_path):
 
 
 def test_readme_research_workflows_code_runs():
-    """The Python blocks of the README's "Research workflows" section run as written."""
-    text = (EXPERIMENTS.parent / "README.md").read_text()
+    """The Python blocks of docs/kernels.md's "Research workflows" section run as written."""
+    text = (EXPERIMENTS.parent / "docs" / "kernels.md").read_text()
     section = text.split("## Research workflows", 1)[1].split("\n## ", 1)[0]
     blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
     assert blocks
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/kernels.md", "exec"), {})

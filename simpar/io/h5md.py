@@ -34,7 +34,7 @@ by 9e-16 sigma after 10 steps, 2e-15 after 50 and 1e-11 after 550 in float64; 1e
 are unaffected; for an exact continuation use ``simpar run --resume``, which restores the
 neighbour-list state from the checkpoint (``simpar.particles.checkpoint``).
 
-Units (decision, changed in 0.x: see README "Output files", migration note): simpar works in
+Units (decision, changed in 0.x: README "Output files", docs/migration.md): simpar works in
 reduced units (Lennard-Jones: sigma, tau, epsilon, m; N-body: Henon units L, T, M), for which
 neither H5MD nor MDAnalysis has a name. H5MD makes the ``unit`` attribute optional ("may
 carry"), so position, velocity, force, time and box edges carry **no** ``unit``: nothing in

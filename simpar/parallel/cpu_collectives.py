@@ -10,7 +10,7 @@ The MPI path: processes started by ``mpirun -np N`` (``--bind-to core`` to pin t
 device each, joining with ``--distributed`` (JAX reads rank and size from Open MPI) or with
 ``--coordinator`` and ``--process-id`` set to each rank (``OMPI_COMM_WORLD_RANK``). JAX reaches
 MPI through MPItrampoline, which loads the library named by ``MPITRAMPOLINE_LIB``: an
-MPIwrapper built against the system MPI (README, benchmark section). MPItrampoline loads it
+MPIwrapper built against the system MPI (docs/multiprocess.md). MPItrampoline loads it
 as soon as JAX is imported, whatever the collectives: a library that does not load ends any
 JAX process there with MPItrampoline's own message (exit 1). The MPI path cannot run in CI
 (no MPIwrapper there); ``experiments/bench_collectives.py`` and ``experiments/bench_md.py
@@ -60,7 +60,7 @@ def choose(num_processes: int | None = None) -> str:
         raise ConfigError(
             "MPITRAMPOLINE_LIB",
             f"{COLLECTIVES_ENV}=mpi needs MPITRAMPOLINE_LIB set to an MPIwrapper library "
-            "built against this machine's MPI (libmpiwrapper.so; README, benchmark section)",
+            "built against this machine's MPI (libmpiwrapper.so; docs/multiprocess.md)",
         )
     # MPItrampoline (in jaxlib) loads the library when JAX is imported and ends the process
     # there (exit 1, "MPItrampoline: Could not dlopen library") if it cannot: this check

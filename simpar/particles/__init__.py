@@ -1,4 +1,4 @@
-"""Particle models; kernels are pure functions of arrays (README "Using the particle kernels").
+"""Particle models; kernels are pure functions of arrays (docs/kernels.md).
 
 ``space``, ``potentials``, ``neighbors`` (cell and Verlet lists at fixed capacity),
 ``forces``, ``integrate``, ``lattice``, ``observables``; ``error_codes`` (the one error
