@@ -146,6 +146,10 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--grid", help="grid shape for --mesh, e.g. 256x256 (default 256 per axis)")
     pl = sub.add_parser("plot", help="PNGs of the last frame / time series next to the file")
     pl.add_argument("path", help="an output file of simpar run")
+    k = sub.add_parser("keys", help="a model's TOML keys, defaults and allowed values (markdown)")
+    k.add_argument(
+        "model", choices=(*MODELS, "all"), help="a [model] name, or all (docs/models.md)"
+    )
     return p
 
 
@@ -371,6 +375,14 @@ def _cmd_plot(args) -> int:
     return EXIT_OK
 
 
+def _cmd_keys(args) -> int:
+    _configure_jax(None)  # float64 probes need 64-bit JAX, as in a run
+    from simpar.drive import keys
+
+    print(keys.document() if args.model == "all" else keys.markdown(args.model), end="")
+    return EXIT_OK
+
+
 def _unraisable(hook_args) -> None:
     """h5py reports HDF5 errors from object destructors as 'Exception ignored' tracebacks;
     the error that stopped the run is reported by the driver, so print one line at most."""
@@ -391,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.unraisablehook = _unraisable
         try:
-            return {"run": _cmd_run, "info": _cmd_info, "plot": _cmd_plot}[args.command](args)
+            commands = {"run": _cmd_run, "info": _cmd_info, "plot": _cmd_plot, "keys": _cmd_keys}
+            return commands[args.command](args)
         except ConfigError as err:
             print(f"simpar: invalid input: {err}", file=sys.stderr)
             return EXIT_INVALID
