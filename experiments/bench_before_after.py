@@ -12,7 +12,8 @@ Runtime: about 1-2 minutes with the defaults.
 
 Run::
 
-    python experiments/bench_before_after.py --old /tmp/old --new . [--cpu 1] [--rounds 3]
+    OLD=$(mktemp -d) && git archive 78984a9 | tar -x -C "$OLD"    # the old tree, a plain copy
+    python experiments/bench_before_after.py --old "$OLD" --new . [--cpu 1] [--rounds 3]
 
 Prints one JSON object.
 """
@@ -76,7 +77,7 @@ def _measure(tree: str, engine: str, a) -> float:
 def main() -> None:
     """Alternate old/new measurements and print best times and ratios."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--old", default="/tmp/old")
+    p.add_argument("--old", required=True, help="old checkout (a plain tree)")
     p.add_argument("--new", default=".")
     p.add_argument("--cpu", type=int, default=1, help="core to pin the children to")
     p.add_argument("--steps", type=int, default=200)

@@ -10,9 +10,10 @@ Runtime: about 30 s per checkout on one CPU core.
 
 Run::
 
-    PYTHONPATH=/tmp/old python experiments/compare_hlo.py --dump /tmp/hlo_old > old.json
-    PYTHONPATH=.        python experiments/compare_hlo.py --dump /tmp/hlo_new > new.json
-    diff old.json new.json; diff -r /tmp/hlo_old /tmp/hlo_new
+    OLD=$(mktemp -d) && git archive 78984a9 | tar -x -C "$OLD"    # the old tree, a plain copy
+    PYTHONPATH="$OLD" python experiments/compare_hlo.py --dump hlo_old > old.json
+    PYTHONPATH=.      python experiments/compare_hlo.py --dump hlo_new > new.json
+    diff old.json new.json; diff -r hlo_old hlo_new
 """
 
 from __future__ import annotations

@@ -15,11 +15,13 @@ Runtime: about 5-10 minutes on 2 loaded CPU cores with the defaults (16 runs, 20
 
 Run::
 
-    python experiments/compare_outputs.py --old /tmp/old --new . --steps 20 --every 10
-    python experiments/compare_outputs.py --old /tmp/old --new . --only heat2d lj_melt
+    OLD=$(mktemp -d) && git archive 78984a9 | tar -x -C "$OLD"    # the old tree, a plain copy
+    python experiments/compare_outputs.py --old "$OLD" --new . --steps 20 --every 10
+    python experiments/compare_outputs.py --old "$OLD" --new . --only heat2d lj_melt
     python experiments/compare_outputs.py --files A.nc B.nc      # compare two files only
 
-``--old`` is a plain copy of the old tree (``git archive 78984a9 | tar -x -C /tmp/old``).
+``--old`` is a plain copy of the old tree (``git archive``, as above). The runs' files go to
+``--workdir`` (default: a new temporary directory, named on stderr).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import h5py
@@ -202,11 +205,11 @@ def _run(tree: str, config: str, args: list[str], out: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Run the comparisons and print the JSON report; exit 1 if any run differs or fails."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--old", default="/tmp/old", help="old checkout (plain tree)")
+    p.add_argument("--old", help="old checkout (plain tree); required unless --files")
     p.add_argument("--new", default=".", help="new checkout")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--every", type=int, default=10)
-    p.add_argument("--workdir", default="/tmp/compare_outputs")
+    p.add_argument("--workdir", help="folder for the runs' files (default: a new temporary one)")
     p.add_argument("--only", nargs="*", help="run names (keys of RUNS) to do")
     p.add_argument("--files", nargs=2, metavar=("OLD", "NEW"), help="compare two files only")
     a = p.parse_args(argv)
@@ -214,8 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         diffs = compare_files(*a.files)
         print(json.dumps({"old": a.files[0], "new": a.files[1], "diffs": diffs}, indent=1))
         return 1 if diffs else 0
-    work = pathlib.Path(a.workdir)
+    if not a.old:
+        p.error("--old is required (a plain copy of the old tree), unless --files is given")
+    work = pathlib.Path(a.workdir or tempfile.mkdtemp(prefix="compare_outputs-"))
     work.mkdir(parents=True, exist_ok=True)
+    print(f"runs' files in {work}", file=sys.stderr)
     report = {}
     failed = False
     for name, extra in RUNS.items():

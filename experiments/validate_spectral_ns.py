@@ -20,8 +20,8 @@ time schemes.
 
 jax-cfd is not a dependency of simpar. Install it in a separate environment to compare::
 
-    python3.11 -m venv /tmp/cfd && /tmp/cfd/bin/pip install "jax==0.10.2" jax-cfd
-    PYTHONPATH=. /tmp/cfd/bin/python experiments/validate_spectral_ns.py
+    python3.11 -m venv .venv-cfd && .venv-cfd/bin/pip install "jax==0.10.2" jax-cfd
+    PYTHONPATH=. .venv-cfd/bin/python experiments/validate_spectral_ns.py
 
 Without it the script reports simpar's numbers only and says jax-cfd is absent.
 

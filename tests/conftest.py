@@ -11,13 +11,17 @@ that); tests that also run with FMA on compare to 1e-14.
 Tiers: ``pytest -m "not slow"`` is the fast tier (every model on every engine at small size);
 ``slow`` marks multi-process runs and long validation runs (pyproject.toml). Command-line tests
 call ``simpar.cli.main([...])`` in this process where a subprocess adds nothing; every test
-must leave the SIGINT/SIGTERM handlers as it found them (checked after each test).
+must leave the SIGINT/SIGTERM handlers as it found them (checked after each test), and no
+test may write into the repository: a module that leaves an untracked, non-ignored file there
+fails (``git status --porcelain`` before and after each module; tests write into ``tmp_path``).
 """
 
 import gc
 import os
 import platform
 import signal
+import subprocess
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # command-line runs of the tests (in-process and subprocesses) keep no compiled programs in the
@@ -35,6 +39,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", True)
 
 N_DEVICES = 8
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config):
@@ -49,6 +54,36 @@ def _signal_handlers_restored():
     yield
     after = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     assert after == before, f"signal handlers left changed: {before} -> {after}"
+
+
+def _untracked() -> set[str] | None:
+    """Untracked, non-ignored files of the repository (None outside a git checkout)."""
+    try:
+        r = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None  # not a git checkout (an unpacked sdist): nothing to compare
+    return {line[3:] for line in r.stdout.splitlines() if line.startswith("?? ")}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _repository_untouched(request):
+    """A test module leaves no new file in the repository (issue 28: a log named after a
+    command-line argument once landed in the working directory and was committed)."""
+    before = _untracked()
+    yield
+    after = _untracked()
+    if before is not None and after is not None and after - before:
+        new = ", ".join(sorted(after - before)[:10])
+        pytest.fail(
+            f"{request.module.__name__} left untracked files in the repository: {new} "
+            "(write into tmp_path)",
+            pytrace=False,
+        )
 
 
 def _memory_maps() -> int:

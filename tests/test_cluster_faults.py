@@ -56,6 +56,7 @@ def _free_port() -> int:
 
 def _run_pair(args, env_of=({}, {}), timeout=240, term=None, delay=1.0, args_of=None):
     """``simpar run ARGS`` as processes 0 and 1 (``env_of[i]``: extra environment of i;
+    every ``ARGS`` has ``--out`` in the test's ``tmp_path``, where the stderr logs go;
     ``args_of[i]``: the arguments of i instead of ``args``; ``term``: SIGTERM to this process,
     or ``"both"``, ``delay`` seconds after the run's checkpoint appeared).
 
@@ -68,7 +69,9 @@ def _run_pair(args, env_of=({}, {}), timeout=240, term=None, delay=1.0, args_of=
     procs, files = [], []
     for i in range(2):
         env = dict(os.environ, PYTHONUNBUFFERED="1", **env_of[i])
-        err = open(f"{args_of[i][-1]}.p{i}.err", "w+")  # noqa: SIM115  (next to the output)
+        argv = args_of[i]  # the log goes next to the output, in the test's tmp_path (not the
+        out = Path(argv[argv.index("--out") + 1])  # cwd: the last argument may be --set ...)
+        err = open(out.parent / f"{out.name}.p{i}.err", "w+")  # noqa: SIM115
         files.append(err)
         cmd = [sys.executable, "-m", "simpar", "run", *args_of[i], "--quiet", "--devices", "4",
                "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
