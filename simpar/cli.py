@@ -147,9 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="PNGs of the last frame / time series next to the file")
     pl.add_argument("path", help="an output file of simpar run")
     k = sub.add_parser("keys", help="a model's TOML keys, defaults and allowed values (markdown)")
-    k.add_argument(
-        "model", choices=(*MODELS, "all"), help="a [model] name, or all (docs/models.md)"
-    )
+    k.add_argument("model", help="a built-in [model] name, or all (docs/models.md)")
     return p
 
 
@@ -378,7 +376,12 @@ def _cmd_plot(args) -> int:
 def _cmd_keys(args) -> int:
     _configure_jax(None)  # float64 probes need 64-bit JAX, as in a run
     from simpar.drive import keys
+    from simpar.errors import ConfigError
 
+    if args.model not in (*keys.MODELS, "all"):
+        raise ConfigError(
+            "MODEL", f"choose one of {', '.join(keys.MODELS)} or all, got {args.model!r}"
+        )
     print(keys.document() if args.model == "all" else keys.markdown(args.model), end="")
     return EXIT_OK
 

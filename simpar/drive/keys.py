@@ -195,11 +195,20 @@ def _toml(value: Any) -> str:
     return repr(value)
 
 
+def _adapter(model: str):
+    """The object whose ``plan(cfg, opts, config_text)`` reads the ``model``'s config."""
+    try:
+        from simpar.models import lookup  # the model registry, where there is one
+    except ImportError:
+        from simpar.drive import ADAPTERS  # else the driver's table of adapter modules
+
+        return importlib.import_module(ADAPTERS[model])
+    return lookup(model)
+
+
 def trace(model: str) -> dict[str, Key]:
     """Every key the ``model``'s reader asks for, by dotted name (see the module docstring)."""
-    from simpar.drive import ADAPTERS
-
-    adapter = importlib.import_module(ADAPTERS[model])
+    adapter = _adapter(model)
     keys: dict[str, Key] = {}
     suffix = ".h5md" if model in ("lj", "nbody") else ".nc"
     with tempfile.TemporaryDirectory() as tmp:
