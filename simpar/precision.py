@@ -56,6 +56,22 @@ def require(dtype, key: str) -> np.dtype:
     return dt
 
 
+def require_input(x, key: str) -> None:
+    """Refuse a 64-bit (NumPy) input array when JAX would truncate it to 32 bits.
+
+    Args:
+      x: an array-like input of a kernel (a JAX array already has JAX's precision; a NumPy
+        ``float64``/``complex128`` array does not). Non-float inputs pass.
+      key: the argument named in the error, e.g. ``"poisson.solve(f)"``.
+
+    Raises:
+      ConfigError: ``x`` is float64 or complex128 and ``jax_enable_x64`` is off.
+    """
+    d = getattr(x, "dtype", None)
+    if d is not None and np.dtype(d) in (np.float64, np.complex128):
+        require(np.float64, key)
+
+
 def default_float() -> np.dtype:
     """JAX's default float: float64 with ``jax_enable_x64`` on, else float32."""
     return np.dtype(jax.dtypes.canonicalize_dtype(np.float64))

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar import precision
 from simpar.errors import ConfigError
 
 KINDS = ("spectral", "discrete")
@@ -100,7 +101,7 @@ def eigenvalues(ops, dx: Sequence, kind: str = "spectral", dtype=None) -> jax.Ar
     shape = tuple(ops.shape)
     if len(dx) != len(shape):
         raise ConfigError("grid.dx", f"need {len(shape)} cell sizes for grid {shape}, got {dx}")
-    dtype = dtype or jnp.zeros(()).dtype
+    dtype = precision.resolve(dtype, key="dtype")
     lam = None
     for a, n in enumerate(shape):
         h = jnp.asarray(dx[a], dtype)
@@ -124,7 +125,12 @@ def solve(f: jax.Array, dx: Sequence, kind: str = "spectral", ops=None) -> jax.A
 
     Returns:
       ``phi``, same shape and layout as ``f``; real when ``f`` is real.
+
+    Raises:
+      ConfigError: ``f`` is a float64/complex128 (NumPy) array and 64-bit JAX is off: JAX
+        would compute in float32 (``simpar.precision``).
     """
+    precision.require_input(f, "poisson.solve(f)")
     real_in = not jnp.iscomplexobj(f)
     if ops is None:
         ops = local_ops(f.shape[f.ndim - len(dx) :], real=real_in)

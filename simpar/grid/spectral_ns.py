@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from simpar import precision
 from simpar.errors import ConfigError
 
 SCHEMES = ("ifrk4", "rk4")
@@ -97,14 +98,15 @@ def make_params(
     Args:
       nu, dt, drag, forcing_amplitude, forcing_wavenumber: numbers or 0-d arrays.
       length: ``(L_x, L_y)``, or ``(L_x, L_y, L_z)`` for ``simpar.grid.spectral_ns3d``.
-      dtype: real dtype of every leaf (default: JAX's default float).
+      dtype: real dtype of every leaf (default: JAX's default float). ``"float64"`` with
+        64-bit JAX off raises ``ConfigError`` (``simpar.precision``), never a silent float32.
 
     Raises:
-      ConfigError: ``physics.viscosity`` or ``physics.drag`` negative, ``time.dt`` not
+      ConfigError: ``dtype`` float64 with ``jax_enable_x64`` off; ``physics.viscosity`` or ``physics.drag`` negative, ``time.dt`` not
         positive, ``grid.length`` not 2 or 3 positive numbers, ``forcing.wavenumber`` not a
         positive integer (checked on concrete values only; traced values pass through).
     """
-    dtype = dtype or jnp.zeros(()).dtype
+    dtype = precision.resolve(dtype, key="dtype")
     checks = (
         ("physics.viscosity", nu, lambda x: x >= 0, "must be >= 0"),
         ("time.dt", dt, lambda x: x > 0, "must be > 0"),
@@ -188,7 +190,11 @@ def to_state(omega: jax.Array, ops) -> jax.Array:
 
     Returns:
       complex ``(*lead, *fourier block)`` in the Fourier layout of ``ops``.
+
+    Raises:
+      ConfigError: ``omega`` is a float64 NumPy array and 64-bit JAX is off.
     """
+    precision.require_input(omega, "spectral_ns.to_state(omega)")
     return jnp.where(dealias_mask(ops), ops.forward(omega), 0)
 
 

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from simpar import precision
 from simpar.errors import ConfigError
 from simpar.grid.spectral_ns import Params, time_step
 
@@ -98,7 +99,9 @@ def _curl(v, s: _Symbols):
 def to_state(u: jax.Array, params: Params, ops) -> jax.Array:
     """Velocity on the grid ``(3, N_x, N_y, N_z)`` (or its block / sharded array, real,
     length/time) -> the state ``u_hat``: transformed, projected onto divergence-free fields,
-    truncated by the 2/3 rule. Complex ``(3, *fourier block)``."""
+    truncated by the 2/3 rule. Complex ``(3, *fourier block)``. A float64 NumPy ``u`` with
+    64-bit JAX off raises ``ConfigError`` (``simpar.precision``)."""
+    precision.require_input(u, "spectral_ns3d.to_state(u)")
     s = _symbols(params, ops)
     return jnp.where(s.mask, _project(ops.forward(u), s), 0)
 

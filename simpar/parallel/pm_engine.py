@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from simpar import precision
 from simpar.errors import ConfigError, SimulationError
 from simpar.parallel import blocks, ghosts
 from simpar.parallel.blocks import PMAP_AXIS
@@ -137,9 +138,13 @@ class PMEngine:
           ``single``/``sharded``: ``(N, ...)`` with ``ids = 0 .. N-1``.
 
         Raises:
-          ConfigError: on ``pm.capacity`` when a device would own more than ``capacity``.
+          ConfigError: on ``pm.capacity`` when a device would own more than ``capacity``; on
+            ``pos``/``vel``/``mass`` when float64 and 64-bit JAX is off (``simpar.precision``:
+            never run in float32 without a word).
         """
         pos = np.asarray(pos)
+        for name, x in (("pos", pos), ("vel", vel), ("mass", mass)):
+            precision.require_input(np.asarray(x), f"PMEngine.distribute({name})")
         pos = np.mod(pos, np.asarray(self.box, pos.dtype))  # keeps float32 float32
         vel, mass = np.asarray(vel), np.asarray(mass)
         extra = tuple(np.asarray(x) for x in extra)
