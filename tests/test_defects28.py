@@ -16,7 +16,11 @@ def _python(code: str) -> subprocess.CompletedProcess:
     env.pop("JAX_ENABLE_X64", None)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
     )
 
 
