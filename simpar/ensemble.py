@@ -55,7 +55,7 @@ class Ensemble:
         """Global attributes for the output file."""
         return {"ensemble_members": self.members, "ensemble_sweep": json.dumps(self.sweep)}
 
-    def coordinates(self, taken=()) -> dict[str, dict]:
+    def coordinates(self, taken=(), units=None) -> dict[str, dict]:
         """The swept numbers as coordinates of the ``ensemble`` dimension of the output.
 
         Each swept key whose values are numbers becomes one variable named after its last
@@ -66,9 +66,11 @@ class Ensemble:
 
         Args:
           taken: names already used in the file (fields, diagnostics, axes).
+          units: swept key -> CF units (the model's ``param_units``); a key not in it gets
+            no ``units`` (a seed, a dimensionless number).
 
         Returns:
-          name -> ``{"data": (members,) float64 or int64, "long_name": str}``
+          name -> ``{"data": (members,) float64 or int64, "long_name": str[, "units": str]}``
           (``simpar.io.netcdf.GridWriter``'s ``ensemble_coords``).
         """
         out: dict[str, dict] = {}
@@ -84,6 +86,8 @@ class Ensemble:
             floats = any(isinstance(v, float) for v in values)
             data = np.asarray(values, np.float64 if floats else np.int64)
             out[name] = {"data": data, "long_name": f"swept {key} of each member"}
+            if (units or {}).get(key) is not None:
+                out[name]["units"] = units[key]
         return out
 
 

@@ -84,3 +84,88 @@ def test_float64_kernels_refused_without_x64():
         assert got == key
         assert 'jax.config.update("jax_enable_x64", True)' in msg and "float32" in msg
     assert out["f32"] == ["float32"]
+
+
+def _cli(*args) -> tuple[int, str, str]:
+    """``simpar ARGS`` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from simpar.cli import main
+
+    with (
+        contextlib.redirect_stdout(io.StringIO()) as o,
+        contextlib.redirect_stderr(io.StringIO()) as e,
+    ):
+        code = main(list(args))
+    return code, o.getvalue(), e.getvalue()
+
+
+def test_ensemble_xdmf_lists_every_member_and_coordinates_have_units(tmp_path):
+    """heat_ensemble on pmap (8 devices, mesh 2 per member): the sidecar has one Attribute per
+    member and frame whose HyperSlab selects that member's field; diffusivity is in m2 s-1."""
+    import xml.etree.ElementTree as ET
+
+    import h5py
+    import numpy as np
+
+    out = tmp_path / "ens.nc"
+    code, _, err = _cli(
+        "run", str(ROOT / "experiments/heat_ensemble.toml"), "--engine", "pmap",
+        "--devices", "8", "--mesh", "2", "--steps", "4", "--quiet", "--out", str(out),
+        "--set", "grid.shape=[16,16]", "--set", "output.every=2",
+    )  # fmt: skip
+    assert code == 0, err
+    grids = ET.parse(str(out) + ".xdmf").getroot().findall("Domain/Grid/Grid")
+    assert len(grids) == 3
+    with h5py.File(out) as f:
+        u = f["u"][()]  # (time, ensemble, y, x)
+        assert u.shape == (3, 4, 16, 16)
+        for k, g in enumerate(grids):
+            atts = g.findall("Attribute")
+            assert [a.get("Name") for a in atts] == [f"u_member{m}" for m in range(4)]
+            for m, a in enumerate(atts):
+                sel, src = a.find("DataItem").findall("DataItem")
+                nums = np.array(sel.text.split(), int).reshape(3, 4)  # start, stride, count
+                assert src.text == "ens.nc:/u"
+                start, count = nums[0], nums[2]
+                assert start.tolist() == [k, m, 0, 0] and count.tolist() == [1, 1, 16, 16]
+                picked = u[tuple(slice(s, s + c) for s, c in zip(start, count, strict=True))]
+                np.testing.assert_array_equal(picked[0, 0], u[k, m])
+        assert f["diffusivity"].attrs["units"].tobytes().decode() == "m2 s-1"
+        np.testing.assert_array_equal(f["diffusivity"][()], [0.5, 1.0, 1.5, 2.0])
+        assert "units" not in f["seed"].attrs  # an identifier, not a quantity
+
+
+def test_coordinate_labels_and_lattice_units(tmp_path):
+    """Spectral x/y are grid points from 0 and say so; LBM fields say lattice units only."""
+    import h5py
+    import numpy as np
+
+    from simpar import config as cfgmod
+    from simpar.grid import lbm
+
+    out = tmp_path / "tg.nc"
+    code, _, err = _cli(
+        "run", str(ROOT / "experiments/taylor_green.toml"), "--steps", "2", "--quiet",
+        "--out", str(out), "--set", "grid.shape=[16,16]", "--set", "output.every=2",
+    )  # fmt: skip
+    assert code == 0, err
+    with h5py.File(out) as f:
+        for a in ("x", "y"):
+            np.testing.assert_allclose(f[a][()], np.arange(16) * (2 * np.pi / 16))
+            name = f[a].attrs["long_name"].tobytes().decode()
+            assert "grid points" in name and "cell centres" not in name
+    cfg = {
+        "model": {"name": "lbm"},
+        "grid": {"shape": [16, 16], "length": [1.0, 1.0]},
+        "boundary": {"x": "wall", "y": {"lower": "wall", "upper": "lid"}},
+        "physics": {"reynolds": 100.0, "u_lid": 0.1},
+        "time": {"steps": 10},
+    }
+    model = lbm.from_config(cfgmod.Section(cfg)).model
+    for name in ("ux", "uy"):
+        assert model.units[name] == "1"
+        assert "lattice units" in model.long_names[name]
+    assert model.diagnostics["kinetic_energy"][0] == "1"
+    assert "m s-1" not in {*model.units.values(), *(u for u, _ in model.diagnostics.values())}

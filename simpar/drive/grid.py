@@ -258,7 +258,9 @@ class GridRun(Run):
             path, coords=coords, variables=variables, attrs=attrs, overwrite=overwrite,
             xdmf_min_interval=2.0, time_units=model.time_units,
             length_units=model.length_units, key=key, ensemble=ens.members if ens else None,
-            ensemble_coords=ens.coordinates([*coords, *variables]) if ens else None,
+            ensemble_coords=ens.coordinates(
+                [*coords, *variables], getattr(model, "param_units", None)
+            ) if ens else None,
         )  # fmt: skip
 
     def write_frame(self, writer, step, snap, obs) -> None:

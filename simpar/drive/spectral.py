@@ -424,6 +424,7 @@ class SpectralRun(Run):
             path, coords=coords, variables=variables, extra_dims=extra, attrs=attrs,
             overwrite=overwrite,
             xdmf_min_interval=2.0, time_units="s", length_units="m", key=key,
+            coord_points="grid points i L / N, i = 0 .. N-1",
         )  # fmt: skip
 
     def write_frame(self, writer, step, snap, obs) -> None:

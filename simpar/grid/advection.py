@@ -189,6 +189,7 @@ def make_model(
             **{n: f"velocity along {AXIS_NAMES[a]}" for a, n in enumerate(vnames)},
         },
         diagnostics={"mass": (f"m{ndim}", "integral of q over the domain")},
+        param_units={"physics.omega": "rad s-1", "time.dt": "s"},
     )
 
 

@@ -104,6 +104,13 @@ def make_model(ndim: int, bcs: tuple) -> GridModel:
         update=update,
         units={"u": "1", "v": "1"},
         long_names={"u": "substrate concentration", "v": "autocatalyst concentration"},
+        param_units={
+            "physics.Du": "m2 s-1",
+            "physics.Dv": "m2 s-1",
+            "physics.F": "s-1",
+            "physics.k": "s-1",
+            "time.dt": "s",
+        },  # fmt: skip
     )
 
 

@@ -64,6 +64,7 @@ def make_model(ndim: int, bcs: tuple, stencil: str = "5pt") -> GridModel:
         update=update,
         units={"u": "K"},
         long_names={"u": "temperature"},
+        param_units={"physics.diffusivity": "m2 s-1", "time.dt": "s", "initial.amplitude": "K"},
     )
 
 

@@ -350,11 +350,11 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
             "kinetic_energy": 0.5 * jnp.sum(rho * sum(ua * ua for ua in u)),
         }
 
-    # lattice units: density relative to the reference density (dimensionless); one cell
-    # per step is 1 m s-1 (module docstring: time = steps * dx, lengths in m)
+    # lattice units, stated as such: density relative to the reference density, velocity in
+    # cells per time step (the Mach number is u sqrt(3)); both dimensionless ("1")
     units = {name: "1" for name in names}
     units.update({"wall": "1", "rho": "1"})
-    units.update({f"u{AXES[a]}": "m s-1" for a in range(d)})
+    units.update({f"u{AXES[a]}": "1" for a in range(d)})
     long_names = {
         name: f"post-collision {lattice.name} population {i} minus its weight (lattice units)"
         for i, name in enumerate(names)
@@ -365,7 +365,12 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
             "rho": "density (lattice units)",
         }
     )
-    long_names.update({f"u{AXES[a]}": f"{AXES[a]} velocity (lattice units)" for a in range(d)})
+    long_names.update(
+        {
+            f"u{AXES[a]}": f"{AXES[a]} velocity in lattice units (cells per time step)"
+            for a in range(d)
+        }
+    )
     return GridModel(
         name="lbm",
         ndim=d,
@@ -378,7 +383,7 @@ def make_model(lattice: Lattice, bcs: tuple) -> GridModel:
         diagnosed=(),
         diagnostics={
             "mass": ("1", "sum of the density over all cells (lattice units)"),
-            "kinetic_energy": ("m2 s-2", "sum of rho |u|^2 / 2 over all cells (lattice units)"),
+            "kinetic_energy": ("1", "sum of rho |u|^2 / 2 over all cells (lattice units)"),
         },
     )
 

@@ -20,9 +20,10 @@ Config (see ``experiments/cavity_re100.toml``)::
                every = 1000              # over this many steps (experiments/validate_cavity.py;
                                          # the driver runs time.steps)
 
-Physical units of the output: ``GridSetup.dt`` is ``dx`` (the cell size in length units), so
-one lattice speed unit (one cell per step) is one length/time unit and the velocities written
-(``ux``, ``uy``[, ``uz``]) equal the lattice velocities; ``time = steps * dx``.
+Units of the output: ``GridSetup.dt`` is ``dx`` (the cell size in length units), so
+``time = steps * dx``; the fields stay in lattice units and say so: the velocities written
+(``ux``, ``uy``[, ``uz``]) are cells per time step (``units = "1"``, Mach number
+``u sqrt(3)``), the density is relative to ``rho0``.
 """
 
 from __future__ import annotations

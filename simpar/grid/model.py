@@ -42,6 +42,9 @@ class GridModel:
       diagnosed: fields whose sum, min, max and profile the engines report (``None``: every
         floating-point field). The non-finite check always covers every floating-point field.
       diagnostics: ``local_sums`` name -> ``(units, long_name)`` for outputs.
+      param_units: config key -> CF units of a number a run may sweep
+        (``{"physics.diffusivity": "m2 s-1"}``): the ``units`` of that key's coordinate in an
+        ensemble's output. A key not listed gets no ``units`` attribute.
       length_units, time_units: CF units of the coordinates and of ``time``. Grid configs
         are read in SI units (lengths in m, times in s, diffusivities in m2 s-1, ...);
         ``lbm`` runs in lattice units mapped to one cell = ``dx`` m, one step = ``dx`` s.
@@ -59,6 +62,7 @@ class GridModel:
     diagnostics: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     length_units: str = "m"
     time_units: str = "s"
+    param_units: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def fields(self) -> tuple[str, ...]:

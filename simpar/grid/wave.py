@@ -103,6 +103,7 @@ def make_model(ndim: int, bcs: tuple) -> GridModel:
         local_sums=local_sums,
         units={"u": "m", "u_prev": "m"},
         long_names={"u": "displacement", "u_prev": "displacement one time step earlier"},
+        param_units={"physics.c": "m s-1", "time.dt": "s", "initial.amplitude": "m"},
         diagnosed=("u",),
         diagnostics={
             name: (f"m{ndim + 2} s-2", f"{what} (1/2 integral of {term} dV, per unit density)")

@@ -129,9 +129,10 @@ class GridWriter:
       key: the option or config key named in errors about ``path``.
       ensemble: number of ensemble members: adds the dimension ``ensemble`` (coordinate:
         member index) that variables may name right after ``time``, e.g.
-        ``("time", "ensemble", "y", "x")``. Such variables are not in the XDMF sidecar.
+        ``("time", "ensemble", "y", "x")``. The XDMF sidecar lists such a variable once per
+        member (``u_member0``, ...).
       ensemble_coords: name -> ``{"data": (members,) numbers, "long_name": str, "units":
-        str}``: per-member values (the swept parameters of an ensemble) written as
+        str}`` (no ``units`` key: no ``units`` attribute): per-member values (the swept parameters of an ensemble) written as
         variables on the ``ensemble`` dimension and listed in the CF ``coordinates``
         attribute of every variable that has that dimension, so xarray opens them as
         coordinates (``ds.sel(diffusivity=1.5)``).
@@ -140,6 +141,8 @@ class GridWriter:
         spectrum) that variables may name after ``time`` (and ``ensemble``), e.g.
         ``("time", "k")``; marked ``simpar_dimension = "non-spatial"`` so that they stay
         out of the XDMF mesh, also after a reopen. Not compressed on their own.
+      coord_points: what the coordinates are, in their ``long_name`` (``"x coordinate of
+        cell centres"``; a spectral run samples the grid points ``x_i = i L / N``).
 
     Raises:
       ConfigError: ``path`` exists and ``overwrite`` is false (key ``--out``).
@@ -164,6 +167,7 @@ class GridWriter:
         ensemble: int | None = None,
         ensemble_coords: Mapping[str, Mapping[str, Any]] | None = None,
         extra_dims: Mapping[str, Mapping[str, Any]] | None = None,
+        coord_points: str = "cell centres",
     ):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
@@ -216,12 +220,13 @@ class GridWriter:
             for name, spec in members.items():
                 m = nc.create_variable(name, (ENSEMBLE,), spec["data"].dtype, data=spec["data"])
                 m.attrs["long_name"] = text_attr(str(spec.get("long_name", name)))
-                m.attrs["units"] = text_attr(str(spec.get("units", "1")))
+                if spec.get("units") is not None:  # absent: no units (a seed, a ratio)
+                    m.attrs["units"] = text_attr(str(spec["units"]))
             for name, c in coords.items():
                 d = nc.create_variable(name, (name,), "f8", data=c)
                 # No "axis" attribute: ParaView would take x/y as lon/lat.
                 d.attrs["units"] = text_attr(length_units)
-                d.attrs["long_name"] = text_attr(f"{name} coordinate of cell centres")
+                d.attrs["long_name"] = text_attr(f"{name} coordinate of {coord_points}")
             s = nc.create_variable(STEP, (TIME,), "i8", chunks=(1024,))
             s.attrs["long_name"] = text_attr("time-step index")
             s.attrs["units"] = text_attr("1")

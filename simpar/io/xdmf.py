@@ -7,8 +7,9 @@ the coordinates are uniformly spaced, else a ``3DRectMesh`` with ``VXVYVZ`` (x f
 **node-centred with the nodes at the cell centres**: ParaView's points sit at the
 coordinates stored in the file, so the visible domain ends half a cell inside the
 physical one. Every variable with all the spatial dims is an ``Attribute`` whose
-HyperSlab selects frame k of the ``[T, ...]`` dataset; profiles and time series are not
-in the sidecar. The HDF5 path is the file's basename, so the pair can be moved together.
+HyperSlab selects frame k of the ``[T, ...]`` dataset; a variable of an ensemble run
+(``[T, M, ...]``) is one ``Attribute`` per member, ``NAME_member<m>`` selecting frame k and
+member m; profiles and time series are not in the sidecar. The HDF5 path is the file's basename, so the pair can be moved together.
 The sidecar is rewritten after each flushed frame through a temporary file and
 ``os.replace``, so it never lists a frame that is not in the HDF5 file.
 
@@ -28,7 +29,7 @@ import h5py
 import numpy as np
 
 from simpar.io.files import remove_stale_temps, write_text_atomic
-from simpar.io.nclayout import TIME
+from simpar.io.nclayout import ENSEMBLE, TIME
 
 __all__ = ["Sidecar", "frame_grid"]
 
@@ -63,7 +64,7 @@ def frame_grid(
       h5_name: the grid file's basename, as the sidecar refers to it.
       coords: spatial axes in C order (slowest first), 1-D float64 cell-centre coordinates.
       variables: variable name -> dims (``"time"`` first); only those with every spatial
-        dim are described.
+        dim are described (with an ``"ensemble"`` dim after time: one per member).
       k: frame index (row of the ``[T, ...]`` datasets).
       time: simulation time of the frame.
       step: time-step index of the frame (names the grid ``step<step>``).
@@ -128,36 +129,43 @@ def frame_grid(
 
     full_dims = (TIME, *names)
     for name, dims in variables.items():
-        if dims != full_dims:
-            continue  # profiles and time series have no place on the mesh
-        ds = f[name]
-        kind, prec = _number_type(ds.dtype)
-        att = ET.SubElement(g, "Attribute", Name=name, AttributeType="Scalar", Center="Node")
-        slab = ET.SubElement(
-            att,
-            "DataItem",
-            ItemType="HyperSlab",
-            Dimensions=dims_txt,
-            Type="HyperSlab",
-        )
-        rank = ds.ndim
-        sel = ET.SubElement(slab, "DataItem", Dimensions=f"3 {rank}", Format="XML")
-        start = [k] + [0] * (rank - 1)
-        stride = [1] * rank
-        count = [1, *ds.shape[1:]]
-        sel.text = "  ".join(" ".join(map(str, r)) for r in (start, stride, count))
-        src = ET.SubElement(
-            slab,
-            "DataItem",
-            # The frame count grows: filled in when the sidecar is written.
-            Dimensions=" ".join(map(str, (_NT, *ds.shape[1:]))),
-            NumberType=kind,
-            Precision=str(prec),
-            Format="HDF",
-        )
-        src.text = f"{h5_name}:/{name}"
+        if dims == full_dims:
+            _attribute(g, f[name], h5_name, name, name, (k,), dims_txt)
+        elif dims == (TIME, ENSEMBLE, *names):  # one Attribute per member: u_member0, ...
+            for m in range(f[name].shape[1]):
+                _attribute(g, f[name], h5_name, name, f"{name}_member{m}", (k, m), dims_txt)
+        # profiles and time series have no place on the mesh
     ET.indent(g, space=" ", level=2)
     return "  " + ET.tostring(g, encoding="unicode")
+
+
+def _attribute(g, ds, h5_name: str, name: str, label: str, lead: tuple, dims_txt: str) -> None:
+    """Append an ``Attribute`` named ``label`` selecting ``ds[*lead, ...]`` (HyperSlab)."""
+    kind, prec = _number_type(ds.dtype)
+    att = ET.SubElement(g, "Attribute", Name=label, AttributeType="Scalar", Center="Node")
+    slab = ET.SubElement(
+        att,
+        "DataItem",
+        ItemType="HyperSlab",
+        Dimensions=dims_txt,
+        Type="HyperSlab",
+    )
+    rank = ds.ndim
+    sel = ET.SubElement(slab, "DataItem", Dimensions=f"3 {rank}", Format="XML")
+    start = [*lead] + [0] * (rank - len(lead))
+    stride = [1] * rank
+    count = [1] * len(lead) + list(ds.shape[len(lead) :])
+    sel.text = "  ".join(" ".join(map(str, r)) for r in (start, stride, count))
+    src = ET.SubElement(
+        slab,
+        "DataItem",
+        # The frame count grows: filled in when the sidecar is written.
+        Dimensions=" ".join(map(str, (_NT, *ds.shape[1:]))),
+        NumberType=kind,
+        Precision=str(prec),
+        Format="HDF",
+    )
+    src.text = f"{h5_name}:/{name}"
 
 
 class Sidecar:
