@@ -26,6 +26,8 @@ _EXPORTS = {
 }
 
 __all__ = ["__version__", *_EXPORTS]
+# the kernel packages, importable as ``simpar.grid`` etc. (listed by ``dir(simpar)``)
+_SUBPACKAGES = ("grid", "io", "parallel", "particles", "precision")
 
 
 def __getattr__(name):
@@ -33,4 +35,13 @@ def __getattr__(name):
         import importlib
 
         return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in _SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'simpar' has no attribute {name!r}")
+
+
+def __dir__():
+    """The public API (the lazy exports and the kernel packages) plus what is loaded."""
+    return sorted({*globals(), *__all__, *_SUBPACKAGES})

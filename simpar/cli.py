@@ -1,7 +1,8 @@
 """The ``simpar`` command line (``simpar --help``, ``simpar run --help``; README "Command line").
 
     simpar run CONFIG.toml [--engine E] [--devices N] [--mesh AxB[xC]] [--steps N]
-                           [--out PATH] [--set key.sub=value ...] [--overwrite] [--quiet]
+                           [--out PATH] [--set key.sub=value ...] [--unset key.sub ...]
+                           [--overwrite] [--quiet]
                            [--coordinator HOST:PORT --num-processes N --process-id I]
                            [--distributed]
                            [--show-layout] [--no-compile-cache]
@@ -62,7 +63,11 @@ MODELS = {
     "lbm": "lattice Boltzmann D2Q9 / D3Q19 (lid-driven cavity, shear waves)",
     "spectral_ns": "pseudo-spectral incompressible flow, 2-D / 3-D (distributed FFT)",
     "lj": "Lennard-Jones / Morse molecular dynamics (H5MD output)",
-    "nbody": "gravitational N-body, Plummer sphere (H5MD output)",
+    "nbody": "gravitational N-body, Plummer sphere (H5MD output); direct sum, or\n"
+    + " " * 15
+    + 'particle-mesh with physics.force = "pm" (FFT gravity on pm_mesh nodes,\n'
+    + " " * 15
+    + "experiments/pm_plane_wave.toml, pm_cosmic_web.toml)",
 }
 RUN_EPILOG = (
     "models ([model] name in the config):\n"
@@ -113,6 +118,14 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set physics.diffusivity=0.5 (repeatable)",
+    )
+    r.add_argument(
+        "--unset",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="remove a key or table of the config so its default applies, e.g. --unset "
+        "initial.wavenumber or --unset forcing (repeatable; applied before --set)",
     )
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     r.add_argument("--overwrite", action="store_true", help="replace an existing output file")
@@ -323,7 +336,7 @@ def _run_inputs(args, multi: bool):
     if devices is None and mesh is not None and not multi:
         devices = math.prod(mesh)  # on CPU: as many virtual devices as the mesh needs
         check_device_count(devices, "--mesh", MAX_DEVICES)  # before XLA creates them
-    data, text = cfgmod.load(args.config, args.set)
+    data, text = cfgmod.load(args.config, args.set, args.unset)
     return devices, mesh, data, text
 
 

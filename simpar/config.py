@@ -1,6 +1,7 @@
 """TOML experiment files -> validated values.
 
-A config is a TOML table. ``load(path, overrides)`` reads it, applies ``--set key.sub=value``
+A config is a TOML table. ``load(path, overrides, unset)`` reads it, removes the ``--unset
+key.sub`` keys (the model's default applies), applies ``--set key.sub=value``
 overrides (values parsed as TOML, so ``--set grid.shape=[64,64]`` works), and returns a
 ``Section`` over the whole table. Models and the driver read their keys through ``Section.get``,
 which validates type, range and choices and raises ``ConfigError`` naming the dotted key and
@@ -187,8 +188,34 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     return data
 
 
-def load(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict, str]:
-    """Read a TOML config and apply overrides.
+def apply_unsets(data: dict, keys: Sequence[str]) -> dict:
+    """Remove ``--unset`` keys (``initial.wavenumber``, or a whole table such as ``forcing``)
+    in place and return ``data``; the model then uses its default.
+
+    Raises:
+      ConfigError: (``--unset``) a key that is not in the config, naming the keys that are.
+    """
+    for key in keys:
+        path = key.strip().split(".")
+        if not key.strip() or any(not part for part in path):
+            raise ConfigError("--unset", f"expected a dotted key such as initial.seed, got {key!r}")
+        node = data
+        for i, part in enumerate(path):
+            if not isinstance(node, dict) or part not in node:
+                where = ".".join(path[:i]) or "the top level"
+                held = ", ".join(sorted(node)) if isinstance(node, dict) else "a value, not a table"
+                raise ConfigError("--unset", f"{key}: not in the config ({where} holds: {held})")
+            if i == len(path) - 1:
+                del node[part]
+            else:
+                node = node[part]
+    return data
+
+
+def load(
+    path: str | Path, overrides: Sequence[str] = (), unset: Sequence[str] = ()
+) -> tuple[dict, str]:
+    """Read a TOML config, remove the ``unset`` keys, then apply the ``--set`` overrides.
 
     Returns:
       (data, text): the table and the resolved config as TOML text (stored in outputs).
@@ -209,6 +236,7 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict, str]:
         raise ConfigError(str(path), f"cannot read the config: {err.strerror}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(str(path), f"not valid TOML: {err}") from None
+    apply_unsets(data, unset)
     apply_overrides(data, overrides)
     _check_finite(data)
     return data, dumps(data)

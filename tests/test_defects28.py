@@ -169,3 +169,75 @@ def test_coordinate_labels_and_lattice_units(tmp_path):
         assert "lattice units" in model.long_names[name]
     assert model.diagnostics["kinetic_energy"][0] == "1"
     assert "m s-1" not in {*model.units.values(), *(u for u, _ in model.diagnostics.values())}
+
+
+def test_unset_removes_a_key_or_a_table(tmp_path):
+    """--unset lets a file's key go: taylor_green with a random start, kolmogorov unforced."""
+    import h5py
+    import numpy as np
+
+    tg = str(ROOT / "experiments/taylor_green.toml")
+    kol = str(ROOT / "experiments/kolmogorov.toml")
+    small = ("--steps", "2", "--quiet", "--set", "grid.shape=[16,16]", "--set", "output.every=2")
+    rnd = ("--set", 'initial.kind="random"')
+    code, _, err = _cli("run", tg, *small, *rnd, "--out", str(tmp_path / "a.nc"))
+    assert code == 2 and "initial.wavenumber" in err  # the file's key is unknown to "random"
+    code, _, err = _cli(
+        "run", tg, *small, *rnd, "--unset", "initial.wavenumber", "--unset", "initial.amplitude",
+        "--out", str(tmp_path / "a.nc"),
+    )  # fmt: skip
+    assert code == 0, err
+    runs = {}
+    for name, extra in (
+        ("off", ("--unset", "forcing")),
+        ("zero", ("--set", "forcing.amplitude=0.0")),
+    ):
+        out = tmp_path / f"{name}.nc"
+        code, _, err = _cli("run", kol, *small, *extra, "--out", str(out))
+        assert code == 0, err
+        with h5py.File(out) as f:
+            runs[name] = (f["vorticity"][()], f.attrs["config"].tobytes().decode())
+    assert "[forcing]" not in runs["off"][1] and "[forcing]" in runs["zero"][1]
+    np.testing.assert_array_equal(runs["off"][0], runs["zero"][0])  # default: no forcing
+    code, _, err = _cli("run", tg, *small, "--unset", "initial.nope", "--out", str(tmp_path / "b"))
+    assert code == 2 and "--unset" in err and "initial.nope" in err and "wavenumber" in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_out_suffix_is_checked_for_grid_and_particle_runs(tmp_path):
+    for config, out, allowed in (
+        ("heat2d.toml", "x.h5md", ".nc, .nc4, .h5, .hdf5"),
+        ("taylor_green.toml", "x.h5md", ".nc, .nc4, .h5, .hdf5"),
+        ("heat2d.toml", "x.dat", ".nc, .nc4, .h5, .hdf5"),
+        ("lj_melt.toml", "x.nc", ".h5md"),
+        ("nbody_plummer.toml", "x.nc", ".h5md"),
+    ):
+        path = tmp_path / out
+        code, _, err = _cli("run", str(ROOT / "experiments" / config), "--out", str(path))
+        assert code == 2 and "--out" in err and allowed in err, (config, err)
+        assert len(err.strip().splitlines()) == 1 and not path.exists()
+
+
+def test_dir_lists_the_public_api_and_help_mentions_pm():
+    import simpar
+
+    public = [n for n in dir(simpar) if not n.startswith("_")]
+    assert set(simpar.__all__) - {"__version__"} <= set(public)
+    assert {"grid", "particles", "parallel", "io"} <= set(public)
+    for name in public:
+        assert getattr(simpar, name) is not None, name
+    code, out, _ = _help("run")
+    assert code == 0 and 'physics.force = "pm"' in out and "particle-mesh" in out
+
+
+def _help(*args):
+    import contextlib
+    import io
+
+    import pytest
+
+    from simpar.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()) as o, pytest.raises(SystemExit) as e:
+        main([*args, "--help"])
+    return e.value.code, o.getvalue(), ""

@@ -100,9 +100,10 @@ def run_config(
     )  # fmt: skip
 
 
-def run_file(path: str, overrides=(), **kwargs) -> dict:
-    """Load a TOML config, apply ``--set`` overrides and run it (see ``run_config``)."""
-    data, text = cfgmod.load(path, overrides)
+def run_file(path: str, overrides=(), unset=(), **kwargs) -> dict:
+    """Load a TOML config, remove the ``--unset`` keys ``unset``, apply the ``--set``
+    overrides and run it (see ``run_config``)."""
+    data, text = cfgmod.load(path, overrides, unset)
     return run_config(data, text, **kwargs)
 
 

@@ -23,6 +23,7 @@ from simpar.config import Section
 from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError
 from simpar.grid.model import GridSetup
+from simpar.io.nclayout import check_grid_path
 from simpar.parallel import distributed
 from simpar.parallel.topology import AXIS_NAMES
 
@@ -68,10 +69,7 @@ def _check_memory(cfg: Section, data: dict) -> None:
 
 
 def _check_path(path, key) -> None:
-    if path.suffix in (".xdmf", ".toml"):
-        raise ConfigError(
-            key, f"{path} looks like a sidecar/config; give an HDF5 path such as run.nc or run.h5"
-        )
+    check_grid_path(path, key)  # .nc, .nc4, .h5 or .hdf5; never .h5md, .xdmf, .toml
 
 
 class GridPlan(Plan):

@@ -48,6 +48,7 @@ from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_option
 from simpar.errors import ConfigError
 from simpar.grid import spectral_ns as S
 from simpar.grid import spectral_ns3d as S3
+from simpar.io.nclayout import check_grid_path
 from simpar.io.netcdf import GridWriter
 from simpar.parallel.spectral_engine import Layout, SpectralEngine
 
@@ -102,10 +103,7 @@ _FORMS = {
 
 
 def _check_path(path, key) -> None:
-    if path.suffix in (".xdmf", ".toml"):
-        raise ConfigError(
-            key, f"{path} looks like a sidecar/config; give an HDF5 path such as run.nc or run.h5"
-        )
+    check_grid_path(path, key)  # .nc, .nc4, .h5 or .hdf5; never .h5md, .xdmf, .toml
 
 
 def _initial(cfg: Section, shape, length, dtype) -> tuple[np.ndarray, int | None]:
