@@ -70,6 +70,8 @@ def check_grid_path(path, key: str) -> None:
             f"a grid run writes netCDF-4/HDF5: the path must end in {', '.join(GRID_SUFFIXES)} "
             f"({why}), got {str(path)!r}",
         )
+
+
 # Marks the coordinate variable of a non-spatial dimension (``GridWriter(extra_dims=...)``),
 # so that a reopened file keeps it out of the spatial axes (the XDMF mesh).
 EXTRA_DIM_ATTR = "simpar_dimension"
