@@ -241,3 +241,39 @@ def _help(*args):
     with contextlib.redirect_stdout(io.StringIO()) as o, pytest.raises(SystemExit) as e:
         main([*args, "--help"])
     return e.value.code, o.getvalue(), ""
+
+
+def test_plot_uses_a_diverging_map_for_signed_fields_and_log_axes_for_spectra(
+    tmp_path, monkeypatch
+):
+    import numpy as np
+
+    from simpar.io import plot
+
+    figs = {}
+
+    def keep(fig, out):
+        figs[out.name] = fig
+        return out
+
+    monkeypatch.setattr(plot, "_save", keep)
+    for config in ("taylor_green.toml", "heat2d.toml"):
+        out = tmp_path / config.replace(".toml", ".nc")
+        code, _, err = _cli(
+            "run", str(ROOT / "experiments" / config), "--steps", "2", "--quiet",
+            "--out", str(out), "--set", "grid.shape=[16,16]", "--set", "output.every=2",
+        )  # fmt: skip
+        assert code == 0, err
+        plot.plot_file(out)
+    for name in ("taylor_green_vorticity.png", "taylor_green_u.png"):
+        (im,) = figs[name].axes[0].images
+        lo, hi = im.get_clim()
+        assert im.get_cmap().name == "RdBu_r" and lo == -hi and hi > 0, name
+    (im,) = figs["heat2d_u.png"].axes[0].images  # temperature >= 0: sequential
+    assert im.get_cmap().name == "viridis" and im.get_clim()[0] >= 0
+    ax = figs["taylor_green_spectrum.png"].axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    (line,) = ax.get_lines()
+    assert np.all(np.asarray(line.get_xdata()) > 0)
+    assert plot.color_scale([np.array([-1.0, 3.0])]) == ("RdBu_r", -3.0, 3.0)
+    assert plot.color_scale([np.array([1.0, 3.0])]) == ("viridis", 1.0, 3.0)

@@ -6,7 +6,10 @@ dimension scale and variables whose first dim is ``time``) give, next to the fil
 - ``<stem>_<field>.png`` per 2-D field: the last complete frame (imshow with a
   colorbar, axes extents from the cell-centre coordinates, title with field, time and
   step); for a 3-D field the middle slice along the slowest axis (z);
-- ``<stem>_<profile>.png`` per profile ``(time, y)``: the last profile;
+- signed fields (vorticity, velocities: negative and positive values) use the diverging
+  ``RdBu_r`` map centred on 0, other fields ``viridis`` (:func:`color_scale`);
+- ``<stem>_<profile>.png`` per profile ``(time, y)``: the last profile; a spectrum
+  ``(time, k)`` over a non-spatial wavenumber axis is drawn on log-log axes (``k > 0``);
 - ``<stem>_timeseries.png``: every scalar series ``(time,)`` in one figure.
 
 Ensemble files (an ``ensemble`` dimension right after ``time``) show every member: one
@@ -44,9 +47,10 @@ from matplotlib.figure import Figure
 
 from simpar.errors import ConfigError
 from simpar.io.cavity_plot import plot_cavity
+from simpar.io.nclayout import EXTRA_DIM_ATTR, EXTRA_DIM_VALUE
 from simpar.io.netcdf import variable_dims
 
-__all__ = ["PLOTTERS", "plot_file", "projected_density", "register_plotter"]
+__all__ = ["PLOTTERS", "color_scale", "plot_file", "projected_density", "register_plotter"]
 
 Plotter = Callable[[h5py.File, Path], list[Path]]
 
@@ -266,8 +270,14 @@ def _plot_grid(f: h5py.File, path: Path) -> list[Path]:
             c = f[ax_name][...]
             fig = Figure(figsize=(6, 4), layout="constrained")
             ax = fig.add_subplot()
+            spectrum = _is_spectral_axis(f[ax_name])
             for prof, who in zip(panels, names, strict=True):
-                ax.plot(c, prof, marker="." if c.size < 50 else None, label=who)
+                if spectrum:  # a spectrum over wavenumber: log-log, k > 0 and values > 0
+                    keep = c > 0
+                    pos = np.where(prof[keep] > 0, prof[keep], np.nan)
+                    ax.loglog(c[keep], pos, marker="." if c.size < 50 else None, label=who)
+                else:
+                    ax.plot(c, prof, marker="." if c.size < 50 else None, label=who)
             if ens:
                 ax.legend(fontsize=8)
             ax.set_xlabel(ax_name + _units(f[ax_name]))
@@ -297,8 +307,34 @@ def _plot_grid(f: h5py.File, path: Path) -> list[Path]:
     return written
 
 
+def _is_spectral_axis(ds: h5py.Dataset) -> bool:
+    """A non-spatial dimension (``GridWriter(extra_dims=...)``, e.g. the wavenumber ``k`` of
+    an energy spectrum) with positive values past the first: drawn on log-log axes."""
+    if EXTRA_DIM_ATTR not in ds.attrs or _text(ds.attrs[EXTRA_DIM_ATTR]) != EXTRA_DIM_VALUE:
+        return False
+    c = np.asarray(ds[()], dtype=np.float64)
+    return c.size > 1 and bool(np.all(c[1:] > 0))
+
+
+def color_scale(panels) -> tuple[str, float, float]:
+    """Colormap and limits shared by image panels: ``(cmap, vmin, vmax)``.
+
+    A signed field (negative and positive values, e.g. vorticity or a velocity component)
+    gets the diverging ``"RdBu_r"`` centred on 0 (``vmin = -vmax``, 0 white); any other
+    field the sequential ``"viridis"`` over its range. Non-finite values are ignored.
+    """
+    finite = [p[np.isfinite(p)] for p in panels]
+    lo = min((float(v.min()) for v in finite if v.size), default=0.0)
+    hi = max((float(v.max()) for v in finite if v.size), default=1.0)
+    if lo < 0 < hi:
+        m = max(-lo, hi)
+        return "RdBu_r", -m, m
+    return "viridis", lo, hi
+
+
 def _images(f, spatial, panels, names, label, title, out: Path) -> Path:
-    """One imshow panel per member (a shared colour scale), 4 panels a row at most."""
+    """One imshow panel per member (a shared colour scale, :func:`color_scale`), 4 panels a
+    row at most."""
     x0, x1, y0, y1 = _image_extent(f, spatial)
     cols = min(len(panels), 4)
     rows = -(-len(panels) // cols)
@@ -307,9 +343,7 @@ def _images(f, spatial, panels, names, label, title, out: Path) -> Path:
     height = rows * float(np.clip(width / cols * aspect * 0.85, 2.0, 9.0)) + 0.6
     fig = Figure(figsize=(width, height), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
-    finite = [p[np.isfinite(p)] for p in panels]
-    lo = min((float(v.min()) for v in finite if v.size), default=0.0)
-    hi = max((float(v.max()) for v in finite if v.size), default=1.0)
+    cmap, lo, hi = color_scale(panels)
     im = None
     for i, ax in enumerate(axes.flat):
         if i >= len(panels):
@@ -317,7 +351,7 @@ def _images(f, spatial, panels, names, label, title, out: Path) -> Path:
             continue
         im = ax.imshow(
             panels[i], origin="lower", extent=(x0, x1, y0, y1), interpolation="nearest",
-            aspect="equal", vmin=lo, vmax=hi,
+            aspect="equal", vmin=lo, vmax=hi, cmap=cmap,
         )  # fmt: skip
         ax.set_xlabel(spatial[-1] + _units(f[spatial[-1]]))
         ax.set_ylabel(spatial[-2] + _units(f[spatial[-2]]))
