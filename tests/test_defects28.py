@@ -277,3 +277,26 @@ def test_plot_uses_a_diverging_map_for_signed_fields_and_log_axes_for_spectra(
     assert np.all(np.asarray(line.get_xdata()) > 0)
     assert plot.color_scale([np.array([-1.0, 3.0])]) == ("RdBu_r", -3.0, 3.0)
     assert plot.color_scale([np.array([1.0, 3.0])]) == ("viridis", 1.0, 3.0)
+
+
+def test_run_warns_once_when_the_poisson_source_has_a_mean(tmp_path, monkeypatch):
+    """The 2-D stream-function solve drops the vorticity's mean: simpar run says so, once."""
+    import numpy as np
+
+    from simpar.drive import spectral
+
+    x = np.arange(16) * (2 * np.pi / 16)
+    wave = np.sin(x)[:, None] * np.cos(x)[None, :]
+    assert spectral.source_mean_warning(wave, "f", "1") is None  # zero mean to round-off
+    assert spectral.source_mean_warning(wave.astype(np.float32), "f", "1") is None
+    assert "mean 1.5 " in spectral.source_mean_warning(1.5 + wave, "f", "1")
+    tg = str(ROOT / "experiments/taylor_green.toml")
+    args = ("run", tg, "--steps", "2", "--quiet", "--set", "grid.shape=[16,16]")
+    code, _, err = _cli(*args, "--out", str(tmp_path / "a.nc"))
+    assert code == 0 and "warning" not in err, err
+    initial = spectral._initial
+    monkeypatch.setattr(spectral, "_initial", lambda *a: (initial(*a)[0] + 1.5, None))
+    code, _, err = _cli(*args, "--out", str(tmp_path / "b.nc"))
+    assert code == 0, err
+    (line,) = [ln for ln in err.splitlines() if "warning" in ln]
+    assert "initial vorticity has mean 1.5 s-1" in line and "drops the mean" in line

@@ -37,6 +37,7 @@ Units are SI (``m``, ``s``; any consistent set works: the experiments use a ``2 
 from __future__ import annotations
 
 import math
+import sys
 from types import ModuleType
 from typing import NamedTuple
 
@@ -136,6 +137,32 @@ def _initial(cfg: Section, shape, length, dtype) -> tuple[np.ndarray, int | None
     return w.astype(dtype), seed
 
 
+def source_mean_warning(source: np.ndarray, what: str, units: str) -> str | None:
+    """The one-line warning ``simpar run`` prints when a Poisson source has a mean.
+
+    A periodic Poisson solve (``simpar.grid.poisson.solve``; here the stream function of
+    the 2-D vorticity, ``lap(psi) = -omega``) solves with ``f - mean(f)``: the mean is
+    dropped without a word. Round-off is allowed: ``|mean| <= 100 eps max|f|``.
+
+    Args:
+      source: the host field (any shape, float).
+      what, units: how the message names the field and its units.
+
+    Returns:
+      The message, or None when the mean is at round-off.
+    """
+    f = np.asarray(source)
+    mean = float(np.mean(f, dtype=np.float64))
+    scale = float(np.max(np.abs(f))) if f.size else 0.0
+    if not abs(mean) > 100 * np.finfo(f.dtype).eps * scale:
+        return None
+    return (
+        f"simpar: warning: the {what} has mean {mean:.6g} {units} (max |value| {scale:.6g}); "
+        "the periodic Poisson solve drops the mean, so the velocity is that of the field "
+        "minus its mean"
+    )
+
+
 def _host_cfl(x: np.ndarray, length, dt: float) -> float:
     """``dt sum_a max|u_a| / dx_a`` of a host initial field (2-D vorticity: NumPy FFTs)."""
     if x.ndim == 2:
@@ -192,6 +219,10 @@ class SpectralPlan(Plan):
             )
         self.forcing = (amp, n_f)
         self.x0, self.seed = _initial(cfg, self.shape, self.length, np.dtype(self.dtype))
+        if d == 2:  # the stream function solves lap(psi) = -omega: omega's mean is dropped
+            msg = source_mean_warning(self.x0, "initial vorticity", "s-1")
+            if msg is not None:
+                print(msg, file=sys.stderr)
         t = cfg.section("time")
         self.dt = t.get("dt", min=0.0, exclusive_min=True)
         o = cfg.section("output")
