@@ -22,7 +22,8 @@ Run (2 CPU cores, measured 35 s CPU for 600 steps; needs optax: ``pip install "s
     python experiments/train_surrogate.py                    # 8 virtual CPU devices
     python experiments/train_surrogate.py --steps 2000 --version pmap --overwrite
 Bad arguments exit 2 with one line before JAX compiles anything; ``--data PATH`` (where the
-simulated frames go) is never replaced without ``--overwrite``.
+simulated frames go; the script writes them itself, and creates the default folder
+``data/runs``) is never replaced without ``--overwrite``.
 On N accelerators pass ``--devices N`` equal to the number of devices you have.
 """
 
@@ -223,6 +224,7 @@ def rollout_error(params, frames):
 FRAMES = 60  # frames of the simulated data set (61 with the initial one)
 TRAIN_PAIRS = 2 * (FRAMES + 1) // 3  # pairs (u[i], u[i + 1]) with i < split
 MAX_DEVICES = 4096
+DEFAULT_DATA = "data/runs/surrogate_heat.nc"  # relative to the working directory
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -245,8 +247,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--data",
-        default="data/runs/surrogate_heat.nc",
-        help="where the simulated frames are written (.nc)",
+        default=DEFAULT_DATA,
+        help=f"where the simulated frames are written (.nc; default {DEFAULT_DATA}, its folder "
+        "is created)",
     )
     ap.add_argument("--overwrite", action="store_true", help="replace an existing --data")
     args = ap.parse_args(argv)
@@ -260,6 +263,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"--data {args.data} exists; pass --overwrite to replace it or choose another")
     if data.suffix not in (".nc", ".h5"):
         ap.error(f"--data must end in .nc or .h5, got {args.data!r}")
+    if args.data == DEFAULT_DATA:  # a fresh clone has no data/runs yet: the script makes it
+        data.parent.mkdir(parents=True, exist_ok=True)
     if not data.parent.is_dir():
         ap.error(f"--data: directory {str(data.parent)!r} does not exist")
     try:

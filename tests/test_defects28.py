@@ -300,3 +300,24 @@ def test_run_warns_once_when_the_poisson_source_has_a_mean(tmp_path, monkeypatch
     assert code == 0, err
     (line,) = [ln for ln in err.splitlines() if "warning" in ln]
     assert "initial vorticity has mean 1.5 s-1" in line and "drops the mean" in line
+
+
+def test_train_surrogate_creates_its_default_data_folder(tmp_path, monkeypatch):
+    """On a fresh clone (no data/runs) the default --data is accepted and its folder made; a
+    folder the user names must exist (nothing is created elsewhere)."""
+    import importlib.util
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location(
+        "train_surrogate", ROOT / "experiments" / "train_surrogate.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.chdir(tmp_path)
+    args = mod.parse_args([])
+    assert args.data == "data/runs/surrogate_heat.nc"
+    assert (tmp_path / "data" / "runs").is_dir() and not (tmp_path / args.data).exists()
+    with pytest.raises(SystemExit) as e:
+        mod.parse_args(["--data", "elsewhere/x.nc"])
+    assert e.value.code == 2 and not (tmp_path / "elsewhere").exists()
