@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -234,8 +236,6 @@ def _help(*args):
     import contextlib
     import io
 
-    import pytest
-
     from simpar.cli import main
 
     with contextlib.redirect_stdout(io.StringIO()) as o, pytest.raises(SystemExit) as e:
@@ -307,8 +307,6 @@ def test_train_surrogate_creates_its_default_data_folder(tmp_path, monkeypatch):
     folder the user names must exist (nothing is created elsewhere)."""
     import importlib.util
 
-    import pytest
-
     spec = importlib.util.spec_from_file_location(
         "train_surrogate", ROOT / "experiments" / "train_surrogate.py"
     )
@@ -321,3 +319,100 @@ def test_train_surrogate_creates_its_default_data_folder(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         mod.parse_args(["--data", "elsewhere/x.nc"])
     assert e.value.code == 2 and not (tmp_path / "elsewhere").exists()
+
+
+ARGON = {"sigma": 3.405, "epsilon": 0.2381, "mass": 39.948}  # Angstrom, kcal/mol, g/mol
+
+
+def test_lj_physical_units_open_in_mdanalysis_and_equal_the_reduced_run(tmp_path):
+    """[units] style = "real" / "metal": the H5MD file holds the reduced run's values times
+    sigma, tau, ... (argon), labelled so that MDAnalysis.Universe(path) converts them."""
+    import warnings
+
+    import h5py
+    import MDAnalysis
+    import numpy as np
+
+    lj = str(ROOT / "experiments/lj_melt.toml")
+    base = ["--steps", "10", "--quiet", "--set", "system.cells=[4,4,4]"]
+    base += ["--set", "output.every=5", "--set", "output.force=true"]
+    eps_metal = ARGON["epsilon"] * 4184.0 / 96485.33212  # the same argon in eV
+    styles = {
+        "lj": [],
+        "real": [f"units.{k}={v}" for k, v in {"style": '"real"', **ARGON}.items()],
+        "metal": [f"units.{k}={v}" for k, v in
+                  {"style": '"metal"', **ARGON, "epsilon": eps_metal}.items()],
+    }  # fmt: skip
+    for style, sets in styles.items():
+        args = [a for s in sets for a in ("--set", s)]
+        code, _, err = _cli("run", lj, *base, *args, "--out", str(tmp_path / f"{style}.h5md"))
+        assert code == 0, err
+    n_a, kb = 6.02214076e23, 1.380649e-23
+    eps_j = ARGON["epsilon"] * 4184.0 / n_a
+    tau_ps = 3.405e-10 * np.sqrt(39.948e-3 / n_a / eps_j) * 1e12
+    assert tau_ps == pytest.approx(2.156, rel=1e-3) and eps_j / kb == pytest.approx(119.8, rel=1e-3)
+    traj = "particles/trajectory/"
+    with h5py.File(tmp_path / "lj.h5md") as f:
+        red = {k: f[k][()] for k in (traj + "position/value", traj + "velocity/value",
+               traj + "force/value", traj + "box/edges/value", traj + "position/time",
+               "observables/temperature/value", "observables/total_energy/value",
+               "observables/pressure/value")}  # fmt: skip
+        assert "unit" not in f[traj + "position/value"].attrs  # reduced: unlabelled
+    for style, energy, force_kj in (("real", 0.2381, 4.184), ("metal", eps_metal, 96.48533212)):
+        factors = {
+            traj + "position/value": 3.405,
+            traj + "box/edges/value": 3.405,
+            traj + "velocity/value": 3.405 / tau_ps,
+            traj + "force/value": energy / 3.405 * (1.0 if style == "real" else force_kj),
+            traj + "position/time": tau_ps,
+            "observables/temperature/value": eps_j / kb,
+            "observables/total_energy/value": energy,
+            "observables/pressure/value": eps_j
+            / 3.405e-10**3
+            / (101325.0 if style == "real" else 1e5),
+        }
+        path = tmp_path / f"{style}.h5md"
+        with h5py.File(path) as f:
+            assert f["h5md/modules/units"].attrs["system"] == style
+            for key, factor in factors.items():
+                np.testing.assert_allclose(f[key][()], red[key] * factor, rtol=1e-9, err_msg=key)
+            assert f[traj + "position/value"].attrs["unit"] == "Angstrom"
+            assert f[traj + "position/time"].attrs["unit"] == "ps"
+            assert f["observables/temperature/value"].attrs["unit"] == "K"
+            assert f["observables/total_energy/value"].attrs["unit"] == (
+                "kcal mol-1" if style == "real" else "eV"
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no types to guess masses from
+            u = MDAnalysis.Universe(str(path))  # no extra arguments
+        assert u.trajectory.units == {
+            "time": "ps", "length": "Angstrom", "velocity": "Angstrom/ps",
+            "force": "kcal/(mol*Angstrom)" if style == "real" else "kJ/(mol*Angstrom)",
+        }  # fmt: skip
+        u.trajectory[-1]
+        pos, vel, frc = (red[traj + e + "/value"][-1] for e in ("position", "velocity", "force"))
+        np.testing.assert_allclose(u.atoms.positions, pos * 3.405, rtol=1e-6)
+        np.testing.assert_allclose(u.atoms.velocities, vel * 3.405 / tau_ps, rtol=1e-5)
+        f_kj = frc * energy / 3.405 * force_kj  # MDAnalysis's force unit: kJ/(mol A)
+        np.testing.assert_allclose(u.atoms.forces, f_kj, rtol=1e-5, atol=1e-5 * abs(f_kj).max())
+        assert u.trajectory.ts.time == pytest.approx(
+            red[traj + "position/time"][-1] * tau_ps, rel=1e-9
+        )
+    code, _, err = _cli("run", lj, *base, "--set", 'units.style="real"', "--out",
+                        str(tmp_path / "x.h5md"))  # fmt: skip
+    assert code == 2 and "units.sigma" in err and not (tmp_path / "x.h5md").exists()
+    # --resume appends converted frames too (the factors are read back from the file)
+    real = [a for s in styles["real"] for a in ("--set", s)]
+    part = str(tmp_path / "part.h5md")
+    short = [a if a != "10" else "5" for a in base]
+    assert _cli("run", lj, *short, *real, "--out", part)[0] == 0
+    assert _cli("run", lj, *base, *real, "--out", part, "--resume")[0] == 0
+    with h5py.File(part) as a, h5py.File(tmp_path / "real.h5md") as b:
+        for key in (traj + "position/value", traj + "position/time", "observables/pressure/value"):
+            np.testing.assert_array_equal(a[key][()], b[key][()])
+    # a physical-units file cannot seed a reduced run
+    code, _, err = _cli(
+        "run", lj, *base, "--set", 'system.init="h5md"', "--set",
+        f"system.file={str(tmp_path / 'real.h5md')!r}", "--out", str(tmp_path / "y.h5md"),
+    )  # fmt: skip
+    assert code == 2 and "system.file" in err and "'real' units" in err, err

@@ -266,7 +266,7 @@ class LJRun(Run):
             path, p.n, boundary=[cfg["boundary"]] * 3, dtype=cfg["dtype"],
             velocity=cfg["write_velocity"], force=cfg["write_force"],
             observables=observables.NAMES, rng_key=True, mass=np.full(p.n, cfg["mass"]),
-            attrs=attrs, overwrite=overwrite, key=key,
+            attrs=attrs, overwrite=overwrite, key=key, units=cfg["units"],
         )  # fmt: skip
 
     def write_frame(self, writer, step, g, th) -> None:

@@ -47,6 +47,13 @@ Config layout (every key optional unless marked; defaults in brackets)::
     velocity = true
     force = false
     checkpoint = true            # write <path>.ckpt with each frame (for --resume)
+    [units]                      # optional: what the reduced units are physically
+    style = "lj"                 # "lj": reduced, the file carries no unit labels ["lj"];
+                                 # "real" (kcal/mol) | "metal" (eV): the H5MD file stores
+                                 # Angstrom, ps, K, ... (simpar.io.md_units); then required:
+    sigma = 3.405                # Angstrom (argon)
+    epsilon = 0.2381             # kcal/mol ("real") or eV ("metal") (argon: 119.8 K kB)
+    mass = 39.948                # g/mol
     [parallel]
     engine = "single"            # "single" | "pmap" | "shard_map" | "sharded"
     mesh = [8]                   # sharded: devices on the 1-D particle mesh [all];
@@ -77,7 +84,7 @@ import numpy as np
 from simpar import precision
 from simpar.config import Section
 from simpar.errors import ConfigError
-from simpar.io import h5md
+from simpar.io import h5md, md_units
 from simpar.memory import check_fits
 from simpar.parallel import blocks
 from simpar.particles import lattice, md, potentials
@@ -165,10 +172,39 @@ def read_config(root: Section) -> dict:
 
     cfg["dt"] = root.section("time").get("dt", min=0.0, exclusive_min=True)
     _check_thermal_speed(cfg)
+    cfg["units"] = _read_units(root.section("units"))
+    if init == "h5md" and cfg["restart"].get("unit_system") in md_units.STYLES:
+        raise ConfigError(
+            "system.file",
+            f"{cfg['file']!r} is in {cfg['restart']['unit_system']!r} units (Angstrom, ps), "
+            "not reduced ones; start from a file written without [units]",
+        )
     o = root.section("output")
     cfg["write_velocity"] = o.get("velocity", True, kind=bool)
     cfg["write_force"] = o.get("force", False, kind=bool)
     return cfg
+
+
+def _read_units(un: Section):
+    """``[units]``: None for reduced units (``style = "lj"``), else the
+    :class:`simpar.io.md_units.PhysicalUnits` the H5MD file is written in."""
+    style = un.get("style", "lj", kind=str, choices=("lj", *md_units.STYLES))
+    if style == "lj":
+        return None
+    energy = md_units.ENERGY[style][0].replace(" mol-1", "/mol")
+    values = {}
+    for key, what in (("sigma", "Angstrom"), ("epsilon", energy), ("mass", "g/mol")):
+        if key not in un:
+            raise ConfigError(
+                un.key(key),
+                f"missing; units.style = {style!r} needs sigma (Angstrom), epsilon ({energy}) "
+                "and mass (g/mol), e.g. argon: sigma = 3.405, epsilon = 0.2381 kcal/mol, "
+                "mass = 39.948",
+            )
+        values[key] = un.get(key, min=0.0, exclusive_min=True)
+        if not math.isfinite(values[key]):
+            raise ConfigError(un.key(key), f"must be a finite number of {what}")
+    return md_units.PhysicalUnits(style, values["sigma"], values["epsilon"], values["mass"])
 
 
 def _every_problem(value) -> str | None:

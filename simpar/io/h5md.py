@@ -51,6 +51,15 @@ is stated where tools look:
   ``"epsilon sigma-3"``; MDAnalysis reads observables without converting them);
 - ``simpar plot`` labels axes with ``reduced_unit``; ``read_frame`` returns ``unit_system``.
 
+A run may say what its reduced units are physically (LJ ``[units] style = "real"`` or
+``"metal"`` with ``sigma`` in Angstrom, ``epsilon`` and ``mass`` in g/mol;
+``simpar.io.md_units``). Its file then stores every value converted (positions in
+Angstrom, time in ps, velocities in Angstrom/ps, energies in kcal/mol or eV, temperature
+in K), each ``value``/``time`` with a ``unit`` MDAnalysis converts and the factor from the
+reduced value in ``reduced_scale``; the units module's ``system`` is ``"real"``/``"metal"``
+and its ``description`` gives sigma, epsilon, m and tau. ``MDAnalysis.Universe(path)``
+opens such a file with no extra argument.
+
 MDAnalysis (2.11, checked by tests/test_api.py) refuses a trajectory without units unless
 told not to convert, and its ``Universe(path, convert_units=False)`` fails in its topology
 step (the keyword reaches ``H5MDReader.parse_n_atoms``), so the call that opens a simpar file
@@ -141,6 +150,10 @@ class H5MDWriter:
       key: the option or config key named in errors about ``path``.
       unit_system: ``"lj"`` or ``"nbody"`` (``UNIT_SYSTEMS``), written to the H5MD units
         module and ``/parameters``.
+      units: a :class:`simpar.io.md_units.PhysicalUnits` (LJ ``[units]``): every value given
+        in reduced units is stored converted, with a ``unit`` MDAnalysis reads (Angstrom, ps,
+        ...) and the factor in the ``reduced_scale`` attribute; no ``reduced_unit``. The
+        units module's ``system`` is then ``units.style`` (``"real"``/``"metal"``).
 
     Raises:
       ConfigError: ``path`` exists (or appeared meanwhile) and ``overwrite`` is false.
@@ -165,8 +178,20 @@ class H5MDWriter:
         extra=None,
         key: str = "--out",
         unit_system: str = "lj",
+        units=None,
     ):
         self.path = os.fspath(path)
+        scales = units.scales() if units is not None else {}
+        if units is not None:
+            unit_system = units.style
+            units_description = units.description()
+
+        def labels(name):  # (unit, reduced_unit) and the factor from reduced values
+            if name in scales:
+                unit, factor = scales[name]
+                return (unit, ""), factor
+            return UNITS.get(name, ("", "")), None
+
         self.n = int(n_atoms)
         self.dtype = np.dtype(dtype)
         self.frames = 0
@@ -181,34 +206,43 @@ class H5MDWriter:
             c = f.create_group("h5md/creator")
             c.attrs["name"] = "simpar"
             c.attrs["version"] = simpar.__version__
-            units = f.create_group("h5md/modules/units")
-            units.attrs["version"] = np.array([1, 0], np.int32)
-            units.attrs["system"] = unit_system
-            units.attrs["description"] = UNIT_SYSTEMS.get(unit_system, unit_system)
+            unit_group = f.create_group("h5md/modules/units")
+            unit_group.attrs["version"] = np.array([1, 0], np.int32)
+            unit_group.attrs["system"] = unit_system
+            unit_group.attrs["description"] = (
+                UNIT_SYSTEMS.get(unit_system, unit_system) if not scales else units_description
+            )
             g = self.group = f.create_group("particles/trajectory")
             box = g.create_group("box")
             box.attrs["dimension"] = np.int32(3)
             box.attrs["boundary"] = [str(b) for b in boundary]
             n = self.n
             pos = g.create_group("position")
-            self._value(pos, "position", (n, 3), self.dtype, UNITS["position"])
+            self._value(pos, "position", (n, 3), self.dtype, *labels("position"))
             self.step = pos.create_dataset(
                 "step", (0,), maxshape=(None,), chunks=(chunk_frames,), dtype="i8"
             )
             self.time = pos.create_dataset(
                 "time", (0,), maxshape=(None,), chunks=(chunk_frames,), dtype="f8"
             )
-            if UNITS["time"][0]:
-                self.time.attrs["unit"] = UNITS["time"][0]
-            self.time.attrs["reduced_unit"] = UNITS["time"][1]
+            (t_unit, t_reduced), t_factor = labels("time")
+            if t_unit:
+                self.time.attrs["unit"] = t_unit
+            if t_reduced:
+                self.time.attrs["reduced_unit"] = t_reduced
+            if t_factor is not None:
+                self.time.attrs["reduced_scale"] = t_factor
             self._link(pos)
             if velocity:
-                self._element(g, "velocity", (n, 3), self.dtype, UNITS["velocity"])
+                self._element(g, "velocity", (n, 3), self.dtype, *labels("velocity"))
             if force:
-                self._element(g, "force", (n, 3), self.dtype, UNITS["force"])
-            self._element(box, "edges", (3,), self.dtype, UNITS["edges"])
+                self._element(g, "force", (n, 3), self.dtype, *labels("force"))
+            self._element(box, "edges", (3,), self.dtype, *labels("edges"))
             obs = f.create_group("observables")
             for name in observables:
+                if name in scales:
+                    self._element(obs, name, (), "f8", *labels(name))
+                    continue
                 unit = OBS_UNITS.get(name, "") if unit_system == "lj" else ""
                 self._element(obs, name, (), "f8", (unit, unit))
             params = f.create_group("parameters")
@@ -220,7 +254,12 @@ class H5MDWriter:
             if rng_key:
                 self._element(params, "rng_key", (2,), "u4", ("", ""))
             if mass is not None:
-                g.create_dataset("mass", data=np.asarray(mass, self.dtype))
+                (m_unit, _), m_factor = labels("mass")
+                if m_factor is None:
+                    g.create_dataset("mass", data=np.asarray(mass, self.dtype))
+                else:
+                    m = np.asarray(mass, np.float64) * m_factor
+                    g.create_dataset("mass", data=m.astype(self.dtype)).attrs["unit"] = m_unit
             sp = np.zeros(n, np.int32) if species is None else np.asarray(species, np.int32)
             g.create_dataset("species", data=sp)
             if extra is not None:
@@ -229,7 +268,7 @@ class H5MDWriter:
         # exclusive creation; with overwrite built beside the old file and renamed over it
         self.file = create_hdf5(self.path, build, overwrite=overwrite, key=key)
 
-    def _value(self, group, name, shape, dtype, units, chunk=None):
+    def _value(self, group, name, shape, dtype, units, factor=None):
         chunks = (1,) + shape if shape else (256,)
         v = group.create_dataset(
             "value", (0,) + shape, maxshape=(None,) + shape, chunks=chunks, dtype=dtype
@@ -239,12 +278,14 @@ class H5MDWriter:
             v.attrs["unit"] = unit  # vlen str: MDAnalysis compares with Python str
         if reduced:
             v.attrs["reduced_unit"] = reduced
+        if factor is not None:  # stored = factor * reduced value (LJ [units], md_units)
+            v.attrs["reduced_scale"] = float(factor)
         self.elements[name] = v
         return v
 
-    def _element(self, parent, name, shape, dtype, units):
+    def _element(self, parent, name, shape, dtype, units, factor=None):
         grp = parent.create_group(name)
-        self._value(grp, name, shape, dtype, units)
+        self._value(grp, name, shape, dtype, units, factor)
         self._link(grp)
 
     def _link(self, grp):
@@ -270,6 +311,7 @@ class H5MDWriter:
           step: integer time step; time: simulation time (tau).
           position: float[N, 3]; velocity, force: float[N, 3] when enabled.
           box: float[3] edge lengths (sigma).
+          All in reduced units; a writer with ``units`` stores them converted.
           observables: scalar values for every observable named at construction.
           rng_key: uint32[2] when enabled.
         """
@@ -283,6 +325,9 @@ class H5MDWriter:
             value = data.get(name)
             if value is None:
                 raise ValueError(f"frame {k}: no value given for H5MD element {name!r}")
+            scale = self._scales().get(name)
+            if scale is not None:  # a physical-units file: stored = factor * reduced
+                value = np.asarray(value, np.float64) * scale
             value = np.asarray(value, ds.dtype)
             if value.shape != ds.shape[1:]:
                 raise ValueError(f"{name}: shape {value.shape}, expected {ds.shape[1:]}")
@@ -297,9 +342,22 @@ class H5MDWriter:
         self.step.resize(k + 1, axis=0)
         self.time.resize(k + 1, axis=0)
         self.step[k] = int(step)
-        self.time[k] = float(time)
+        self.time[k] = float(time) * self._scales().get("time", 1.0)
         self.frames = k + 1
         self.file.flush()
+
+    def _scales(self) -> dict[str, float]:
+        """Element name -> ``reduced_scale`` (read once from the file, so a writer reopened
+        by :meth:`open_existing` converts as the first one did); ``"time"`` for the times."""
+        if getattr(self, "_scale_cache", None) is None:
+            self._scale_cache = {
+                name: float(ds.attrs["reduced_scale"])
+                for name, ds in self.elements.items()
+                if "reduced_scale" in ds.attrs
+            }
+            if "reduced_scale" in self.time.attrs:
+                self._scale_cache["time"] = float(self.time.attrs["reduced_scale"])
+        return self._scale_cache
 
     @classmethod
     def open_existing(cls, path: str | os.PathLike, *, step: int) -> H5MDWriter:
