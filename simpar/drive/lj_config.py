@@ -50,7 +50,8 @@ Config layout (every key optional unless marked; defaults in brackets)::
     [units]                      # optional: what the reduced units are physically
     style = "lj"                 # "lj": reduced, the file carries no unit labels ["lj"];
                                  # "real" (kcal/mol) | "metal" (eV): the H5MD file stores
-                                 # Angstrom, ps, K, ... (simpar.io.md_units); then required:
+                                 # Angstrom, ps, K, ... (simpar.io.meta.PhysicalUnits);
+                                 # then all three are required:
     sigma = 3.405                # Angstrom (argon)
     epsilon = 0.2381             # kcal/mol ("real") or eV ("metal") (argon: 119.8 K kB)
     mass = 39.948                # g/mol
@@ -84,7 +85,7 @@ import numpy as np
 from simpar import precision
 from simpar.config import Section
 from simpar.errors import ConfigError
-from simpar.io import h5md, md_units
+from simpar.io import h5md, meta
 from simpar.memory import check_fits
 from simpar.parallel import blocks
 from simpar.particles import lattice, md, potentials
@@ -173,7 +174,7 @@ def read_config(root: Section) -> dict:
     cfg["dt"] = root.section("time").get("dt", min=0.0, exclusive_min=True)
     _check_thermal_speed(cfg)
     cfg["units"] = _read_units(root.section("units"))
-    if init == "h5md" and cfg["restart"].get("unit_system") in md_units.STYLES:
+    if init == "h5md" and cfg["restart"].get("unit_system") in meta.STYLES:
         raise ConfigError(
             "system.file",
             f"{cfg['file']!r} is in {cfg['restart']['unit_system']!r} units (Angstrom, ps), "
@@ -187,11 +188,11 @@ def read_config(root: Section) -> dict:
 
 def _read_units(un: Section):
     """``[units]``: None for reduced units (``style = "lj"``), else the
-    :class:`simpar.io.md_units.PhysicalUnits` the H5MD file is written in."""
-    style = un.get("style", "lj", kind=str, choices=("lj", *md_units.STYLES))
+    :class:`simpar.io.meta.PhysicalUnits` the H5MD file is written in."""
+    style = un.get("style", "lj", kind=str, choices=("lj", *meta.STYLES))
     if style == "lj":
         return None
-    energy = md_units.ENERGY[style][0].replace(" mol-1", "/mol")
+    energy = meta.ENERGY[style][0].replace(" mol-1", "/mol")
     values = {}
     for key, what in (("sigma", "Angstrom"), ("epsilon", energy), ("mass", "g/mol")):
         if key not in un:
@@ -204,7 +205,7 @@ def _read_units(un: Section):
         values[key] = un.get(key, min=0.0, exclusive_min=True)
         if not math.isfinite(values[key]):
             raise ConfigError(un.key(key), f"must be a finite number of {what}")
-    return md_units.PhysicalUnits(style, values["sigma"], values["epsilon"], values["mass"])
+    return meta.PhysicalUnits(style, values["sigma"], values["epsilon"], values["mass"])
 
 
 def _every_problem(value) -> str | None:

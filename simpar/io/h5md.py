@@ -53,7 +53,7 @@ is stated where tools look:
 
 A run may say what its reduced units are physically (LJ ``[units] style = "real"`` or
 ``"metal"`` with ``sigma`` in Angstrom, ``epsilon`` and ``mass`` in g/mol;
-``simpar.io.md_units``). Its file then stores every value converted (positions in
+``simpar.io.meta.PhysicalUnits``). Its file then stores every value converted (positions in
 Angstrom, time in ps, velocities in Angstrom/ps, energies in kcal/mol or eV, temperature
 in K), each ``value``/``time`` with a ``unit`` MDAnalysis converts and the factor from the
 reduced value in ``reduced_scale``; the units module's ``system`` is ``"real"``/``"metal"``
@@ -150,7 +150,7 @@ class H5MDWriter:
       key: the option or config key named in errors about ``path``.
       unit_system: ``"lj"`` or ``"nbody"`` (``UNIT_SYSTEMS``), written to the H5MD units
         module and ``/parameters``.
-      units: a :class:`simpar.io.md_units.PhysicalUnits` (LJ ``[units]``): every value given
+      units: a :class:`simpar.io.meta.PhysicalUnits` (LJ ``[units]``): every value given
         in reduced units is stored converted, with a ``unit`` MDAnalysis reads (Angstrom, ps,
         ...) and the factor in the ``reduced_scale`` attribute; no ``reduced_unit``. The
         units module's ``system`` is then ``units.style`` (``"real"``/``"metal"``).
@@ -278,7 +278,7 @@ class H5MDWriter:
             v.attrs["unit"] = unit  # vlen str: MDAnalysis compares with Python str
         if reduced:
             v.attrs["reduced_unit"] = reduced
-        if factor is not None:  # stored = factor * reduced value (LJ [units], md_units)
+        if factor is not None:  # stored = factor * reduced value (LJ [units], meta.PhysicalUnits)
             v.attrs["reduced_scale"] = float(factor)
         self.elements[name] = v
         return v
