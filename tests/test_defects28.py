@@ -103,6 +103,19 @@ def _cli(*args) -> tuple[int, str, str]:
     return code, o.getvalue(), e.getvalue()
 
 
+TG_SMALL = ("--steps", "2", "--quiet", "--set", "grid.shape=[16,16]", "--set", "output.every=2")
+
+
+@pytest.fixture(scope="module")
+def tg_run(tmp_path_factory):
+    """One small taylor_green run (16^2, 2 steps): (output path, stderr)."""
+    out = tmp_path_factory.mktemp("tg") / "taylor_green.nc"
+    tg = str(ROOT / "experiments/taylor_green.toml")
+    code, _, err = _cli("run", tg, *TG_SMALL, "--out", str(out))
+    assert code == 0, err
+    return out, err
+
+
 def test_ensemble_xdmf_lists_every_member_and_coordinates_have_units(tmp_path):
     """heat_ensemble on pmap (8 devices, mesh 2 per member): the sidecar has one Attribute per
     member and frame whose HyperSlab selects that member's field; diffusivity is in m2 s-1."""
@@ -139,7 +152,7 @@ def test_ensemble_xdmf_lists_every_member_and_coordinates_have_units(tmp_path):
         assert "units" not in f["seed"].attrs  # an identifier, not a quantity
 
 
-def test_coordinate_labels_and_lattice_units(tmp_path):
+def test_coordinate_labels_and_lattice_units(tg_run):
     """Spectral x/y are grid points from 0 and say so; LBM fields say lattice units only."""
     import h5py
     import numpy as np
@@ -147,13 +160,7 @@ def test_coordinate_labels_and_lattice_units(tmp_path):
     from simpar import config as cfgmod
     from simpar.grid import lbm
 
-    out = tmp_path / "tg.nc"
-    code, _, err = _cli(
-        "run", str(ROOT / "experiments/taylor_green.toml"), "--steps", "2", "--quiet",
-        "--out", str(out), "--set", "grid.shape=[16,16]", "--set", "output.every=2",
-    )  # fmt: skip
-    assert code == 0, err
-    with h5py.File(out) as f:
+    with h5py.File(tg_run[0]) as f:
         for a in ("x", "y"):
             np.testing.assert_allclose(f[a][()], np.arange(16) * (2 * np.pi / 16))
             name = f[a].attrs["long_name"].tobytes().decode()
@@ -244,7 +251,7 @@ def _help(*args):
 
 
 def test_plot_uses_a_diverging_map_for_signed_fields_and_log_axes_for_spectra(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, tg_run
 ):
     import numpy as np
 
@@ -257,14 +264,13 @@ def test_plot_uses_a_diverging_map_for_signed_fields_and_log_axes_for_spectra(
         return out
 
     monkeypatch.setattr(plot, "_save", keep)
-    for config in ("taylor_green.toml", "heat2d.toml"):
-        out = tmp_path / config.replace(".toml", ".nc")
-        code, _, err = _cli(
-            "run", str(ROOT / "experiments" / config), "--steps", "2", "--quiet",
-            "--out", str(out), "--set", "grid.shape=[16,16]", "--set", "output.every=2",
-        )  # fmt: skip
-        assert code == 0, err
-        plot.plot_file(out)
+    out = tmp_path / "heat2d.nc"
+    code, _, err = _cli(
+        "run", str(ROOT / "experiments/heat2d.toml"), *TG_SMALL, "--out", str(out)
+    )  # fmt: skip
+    assert code == 0, err
+    for path in (tg_run[0], out):
+        plot.plot_file(path)
     for name in ("taylor_green_vorticity.png", "taylor_green_u.png"):
         (im,) = figs[name].axes[0].images
         lo, hi = im.get_clim()
@@ -279,7 +285,7 @@ def test_plot_uses_a_diverging_map_for_signed_fields_and_log_axes_for_spectra(
     assert plot.color_scale([np.array([1.0, 3.0])]) == ("viridis", 1.0, 3.0)
 
 
-def test_run_warns_once_when_the_poisson_source_has_a_mean(tmp_path, monkeypatch):
+def test_run_warns_once_when_the_poisson_source_has_a_mean(tmp_path, monkeypatch, tg_run):
     """The 2-D stream-function solve drops the vorticity's mean: simpar run says so, once."""
     import numpy as np
 
@@ -290,10 +296,8 @@ def test_run_warns_once_when_the_poisson_source_has_a_mean(tmp_path, monkeypatch
     assert spectral.source_mean_warning(wave, "f", "1") is None  # zero mean to round-off
     assert spectral.source_mean_warning(wave.astype(np.float32), "f", "1") is None
     assert "mean 1.5 " in spectral.source_mean_warning(1.5 + wave, "f", "1")
-    tg = str(ROOT / "experiments/taylor_green.toml")
-    args = ("run", tg, "--steps", "2", "--quiet", "--set", "grid.shape=[16,16]")
-    code, _, err = _cli(*args, "--out", str(tmp_path / "a.nc"))
-    assert code == 0 and "warning" not in err, err
+    assert "warning" not in tg_run[1], tg_run[1]  # taylor_green: zero mean, no warning
+    args = ("run", str(ROOT / "experiments/taylor_green.toml"), *TG_SMALL)
     initial = spectral._initial
     monkeypatch.setattr(spectral, "_initial", lambda *a: (initial(*a)[0] + 1.5, None))
     code, _, err = _cli(*args, "--out", str(tmp_path / "b.nc"))
