@@ -193,18 +193,20 @@ def _read_units(un: Section):
     if style == "lj":
         return None
     energy = meta.ENERGY[style][0].replace(" mol-1", "/mol")
-    values = {}
-    for key, what in (("sigma", "Angstrom"), ("epsilon", energy), ("mass", "g/mol")):
-        if key not in un:
-            raise ConfigError(
-                un.key(key),
-                f"missing; units.style = {style!r} needs sigma (Angstrom), epsilon ({energy}) "
-                "and mass (g/mol), e.g. argon: sigma = 3.405, epsilon = 0.2381 kcal/mol, "
-                "mass = 39.948",
-            )
-        values[key] = un.get(key, min=0.0, exclusive_min=True)
-        if not math.isfinite(values[key]):
-            raise ConfigError(un.key(key), f"must be a finite number of {what}")
+    values, missing = {}, []
+    for key in ("sigma", "epsilon", "mass"):  # read all three (simpar keys lists them)
+        try:
+            values[key] = un.get(key, min=0.0, exclusive_min=True)
+        except ConfigError:
+            if key in un:
+                raise
+            missing.append(key)
+    if missing:
+        raise ConfigError(
+            un.key(missing[0]),
+            f"missing; units.style = {style!r} needs sigma (Angstrom), epsilon ({energy}) and "
+            "mass (g/mol), e.g. argon: sigma = 3.405, epsilon = 0.2381 kcal/mol, mass = 39.948",
+        )
     return meta.PhysicalUnits(style, values["sigma"], values["epsilon"], values["mass"])
 
 
