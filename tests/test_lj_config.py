@@ -46,6 +46,18 @@ def test_bad_policy_names_its_key(tmp_path, capsys, override, allowed):
     assert not out.exists()
 
 
+def test_unknown_potential_kind_names_the_built_ins(tmp_path, capsys):
+    """``potential.kind`` keeps the built-ins (a user's own pair potential is a Python
+    ``potentials.pair``); anything else exits 2 naming them, with no output file."""
+    out = tmp_path / "out.h5md"
+    code = main(["run", LJ, *SMALL, "--set", 'potential.kind="yukawa"', "--out", str(out)])
+    stdout, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err and stdout == "", err
+    assert "invalid input: potential.kind: 'yukawa' is not allowed" in err, err
+    assert "'lj', 'morse'" in err, err
+    assert not out.exists()
+
+
 def _config(tmp_path, every, check, steps=40):
     return {
         "name": "policy",

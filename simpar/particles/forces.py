@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from simpar.particles.potentials import PairPotential, pair_terms
 from simpar.particles.space import Space
@@ -123,3 +124,21 @@ def pair_forces(pot: PairPotential, space: Space, r, idx, energy: bool = True, o
     if block is None or n_rows <= block:
         return _pair_rows(pot, space, r, idx, cols, energy)
     return _passes(pot, space, r, idx, cols, block, energy, rows)
+
+
+def all_pairs(n: int) -> np.ndarray:
+    """A neighbour table holding every pair: row ``i`` lists every other atom by id.
+
+    For small systems and user force functions without a neighbour list (``integrate``'s
+    pairs, gradient checks): ``pair_forces(pot, space, r, all_pairs(n))``; the cutoff still
+    applies (in a periodic box, minimum image: the cutoff must stay below half the box).
+
+    Args:
+      n: number of atoms (static).
+
+    Returns:
+      int32[n, n - 1], row ``i`` = ``0 .. n-1`` without ``i``, ascending.
+    """
+    j = np.arange(n - 1, dtype=np.int32)[None, :]
+    i = np.arange(n, dtype=np.int32)[:, None]
+    return j + (j >= i)

@@ -1,20 +1,34 @@
-"""Time integrators as pure functions of arrays (one step each).
+"""Time integrators: their stages, and ``(init, step)`` function pairs (JAX-MD's ``simulate``).
 
-Contract: ``force_fn(position) -> (force, aux)`` computes forces (epsilon / sigma) for new
-positions and may carry anything else in ``aux`` (neighbour list, energies); ``shift_fn``
-maps positions back into the space (``space.wrap``). Masses are float[N] (or a scalar);
-``dt`` and thermostat parameters are array leaves of the state dtype, so they can be swept
-or differentiated and a float64 run never rounds ``dt`` to float32.
+Contract: ``force_fn(position, **kwargs) -> force`` computes forces (epsilon / sigma,
+float[N, 3]) at positions float[N, 3] (sigma); ``shift_fn`` maps positions back into the
+space (``space.wrap``; default: none). Masses are float[N] (or a scalar); ``dt`` and the
+thermostat parameters are cast to the state dtype, so a float64 run never rounds ``dt`` to
+float32.
 
-* ``velocity_verlet``: symplectic NVE (kick-drift-kick, one force evaluation per step).
-* ``langevin_baoab``: Langevin NVT in the BAOAB splitting (Leimkuhler & Matthews), with
-  the exact Ornstein-Uhlenbeck step ``v <- c v + sqrt((1 - c^2) kT / m) xi``,
-  ``c = exp(-gamma dt)``. The random key is part of the state: same key, same trajectory.
+* ``nve(force_fn, dt, shift_fn) -> (init, step)``: velocity Verlet, symplectic NVE
+  (kick-drift-kick, one force evaluation per step).
+* ``langevin(force_fn, dt, kt, gamma, shift_fn) -> (init, step)``: Langevin NVT in the BAOAB
+  splitting (Leimkuhler & Matthews), with the exact Ornstein-Uhlenbeck step
+  ``v <- c v + sqrt((1 - c^2) kT / m) xi``, ``c = exp(-gamma dt)``. The random key is part
+  of the state: same key, same trajectory.
+
+``step(state, **kwargs)`` is pure and jittable: a user composes it in a ``lax.scan`` of their
+own. Keyword arguments ``dt`` (and ``kt``, ``gamma``) override the values given to the
+factory for that step, the others are passed to ``force_fn``: pass the potential there
+(``step(state, pot=pot)``) rather than closing over it, and ``jax.grad`` with respect to
+its parameters (or ``dt``) passes through the run.
+
+The stages (``verlet_drift``, ``baoab_drift``, ``noise``, ``kick``) are the ones every simpar
+engine runs (``step.md_step``, which puts the neighbour rebuild and, decomposed, the atoms'
+migration between the drift and the forces): a ``lax.scan`` over these pairs with the same
+forces follows ``md.Simulation`` to round-off (the same key draws the same noise).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -79,41 +93,111 @@ def baoab_drift(position, velocity, force, mass, dt, gamma, kt, noise, shift_fn)
     return position, velocity
 
 
-def velocity_verlet(position, velocity, force, mass, dt, force_fn: Callable, shift_fn):
-    """One velocity-Verlet step.
+class NVEState(NamedTuple):
+    """State of ``nve`` (a pytree).
+
+    Attributes:
+      position: float[N, 3] (sigma).
+      velocity: float[N, 3] (sigma / tau).
+      force: float[N, 3] (epsilon / sigma) at ``position``.
+      mass: float[N] or scalar (m).
+    """
+
+    position: jax.Array
+    velocity: jax.Array
+    force: jax.Array
+    mass: jax.Array
+
+
+class LangevinState(NamedTuple):
+    """State of ``langevin`` (a pytree): ``NVEState``'s fields and the random key.
+
+    Attributes:
+      position, velocity, force, mass: as ``NVEState``.
+      key: ``jax.random`` key, split once per step.
+    """
+
+    position: jax.Array
+    velocity: jax.Array
+    force: jax.Array
+    mass: jax.Array
+    key: jax.Array
+
+
+def _identity(x):
+    return x
+
+
+def _take(kwargs: dict, name: str, default, dtype):
+    """``kwargs[name]`` (removed) or ``default``, as an array of ``dtype``."""
+    return jnp.asarray(kwargs.pop(name, default), dtype)
+
+
+def nve(force_fn: Callable, dt, shift_fn: Callable | None = None) -> tuple[Callable, Callable]:
+    """Velocity Verlet (NVE) as an ``(init, step)`` pair.
 
     Args:
-      position, velocity, force: float[N, 3] at time t.
-      mass: float[N] or scalar.
-      dt: time step (tau), scalar of the state dtype.
-      force_fn: ``r -> (force, aux)``.
-      shift_fn: ``r -> r`` (wrap into the box).
+      force_fn: ``(position, **kwargs) -> force`` float[N, 3] (epsilon / sigma).
+      dt: default time step (tau); ``step(state, dt=...)`` overrides it.
+      shift_fn: ``position -> position`` (wrap into the box, ``space.wrap``); None: none.
 
     Returns:
-      (position, velocity, force, aux) at t + dt.
+      ``init(position, velocity, mass=1.0, **kwargs) -> NVEState`` (forces computed) and
+      ``step(state, **kwargs) -> NVEState`` one step later (``kwargs``: ``dt``, the rest
+      passed to ``force_fn``).
     """
-    position, velocity = verlet_drift(position, velocity, force, mass, dt, shift_fn)
-    force, aux = force_fn(position)
-    return position, kick(velocity, force, mass, dt), force, aux
+    shift_fn = _identity if shift_fn is None else shift_fn
+
+    def init(position, velocity, mass=1.0, **kwargs) -> NVEState:
+        position = jnp.asarray(position)
+        velocity = jnp.asarray(velocity, position.dtype)
+        force = force_fn(position, **kwargs)
+        return NVEState(position, velocity, force, jnp.asarray(mass, position.dtype))
+
+    def step(state: NVEState, **kwargs) -> NVEState:
+        h = _take(kwargs, "dt", dt, state.velocity.dtype)
+        r, v = verlet_drift(state.position, state.velocity, state.force, state.mass, h, shift_fn)
+        force = force_fn(r, **kwargs)
+        return NVEState(r, kick(v, force, state.mass, h), force, state.mass)
+
+    return init, step
 
 
-def langevin_baoab(
-    position, velocity, force, mass, dt, gamma, kt, key, force_fn: Callable, shift_fn
-):
-    """One BAOAB Langevin step at temperature ``kt`` with friction ``gamma``.
+def langevin(force_fn: Callable, dt, kt, gamma, shift_fn: Callable | None = None
+             ) -> tuple[Callable, Callable]:  # fmt: skip
+    """BAOAB Langevin (NVT) as an ``(init, step)`` pair.
 
     Args:
-      position, velocity, force: float[N, 3] at time t.
-      mass: float[N] or scalar.
-      dt: time step (tau); gamma: friction (1 / tau); kt: temperature (epsilon).
-      key: ``jax.random`` key (consumed; the next key is returned).
-      force_fn, shift_fn: as in ``velocity_verlet``.
+      force_fn: ``(position, **kwargs) -> force`` float[N, 3] (epsilon / sigma).
+      dt: default time step (tau); kt: temperature (epsilon); gamma: friction (1 / tau);
+        ``step(state, dt=..., kt=..., gamma=...)`` overrides them.
+      shift_fn: ``position -> position`` (``space.wrap``); None: none.
 
     Returns:
-      (position, velocity, force, aux, key) at t + dt.
+      ``init(key, position, velocity, mass=1.0, **kwargs) -> LangevinState`` and
+      ``step(state, **kwargs) -> LangevinState``. Each step splits the key as simpar's
+      engines do (``key, sub = split(key)``; N normal triples from ``sub``), so the same key
+      gives ``md.Simulation``'s noise.
     """
-    key, sub = jax.random.split(key)
-    xi = noise(sub, velocity.shape[0], None, velocity.dtype)
-    position, velocity = baoab_drift(position, velocity, force, mass, dt, gamma, kt, xi, shift_fn)
-    force, aux = force_fn(position)
-    return position, kick(velocity, force, mass, dt), force, aux, key
+    shift_fn = _identity if shift_fn is None else shift_fn
+
+    def init(key, position, velocity, mass=1.0, **kwargs) -> LangevinState:
+        position = jnp.asarray(position)
+        velocity = jnp.asarray(velocity, position.dtype)
+        force = force_fn(position, **kwargs)
+        return LangevinState(position, velocity, force, jnp.asarray(mass, position.dtype),
+                             jnp.asarray(key))  # fmt: skip
+
+    def step(state: LangevinState, **kwargs) -> LangevinState:
+        dtype = state.velocity.dtype
+        h, t, g = (
+            _take(kwargs, k, x, dtype) for k, x in (("dt", dt), ("kt", kt), ("gamma", gamma))
+        )
+        key, sub = jax.random.split(state.key)
+        xi = noise(sub, state.velocity.shape[0], None, dtype)
+        r, v = baoab_drift(state.position, state.velocity, state.force, state.mass, h, g, t, xi,
+                           shift_fn)  # fmt: skip
+        force = force_fn(r, **kwargs)
+        return LangevinState(r, kick(v, force, state.mass, h), force, state.mass, key)
+
+    return init, step
