@@ -2,7 +2,7 @@
 
 What it shows (issue 17, item 10): an lj_melt-like Lennard-Jones liquid (fcc start at density
 0.8442, cutoff 2.5 unshifted, float64; 4,000 atoms by default, ``--atoms`` 500, 864, 1372,
-2048, ... for smaller) held at T = 1.0 by ``langevin_baoab`` with the default friction of the
+2048, ... for smaller) held at T = 1.0 by BAOAB (``integrate.langevin``) with the default friction of the
 config (``integrator.gamma = 1.0`` per tau), run at several time steps. For each dt it reports
 the mean of five temperature estimators, each with a standard error from block averages:
 

@@ -1,4 +1,5 @@
-"""The Lennard-Jones (or Morse) molecular-dynamics model: state, chunked run, host loop.
+"""Molecular dynamics with a pair potential (LJ, Morse or a user's ``potentials.pair``): state,
+chunked run, host loop.
 
 Contract:
   * ``MDState`` is a pytree of fixed-capacity particle buffers (leading axis N = capacity)

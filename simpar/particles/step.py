@@ -2,8 +2,8 @@
 
 Contract:
   * ``md_step`` advances one block by one step: the integrator's stages before the force
-    (velocity Verlet, or BAOAB Langevin with noise drawn for every atom of the system and
-    picked by id), the rebuild decision (the exact policy: some atom moved more than
+    (``integrate.verlet_drift``, or ``integrate.baoab_drift`` with noise drawn for every atom
+    of the system and picked by id: the stages of ``integrate.nve`` / ``integrate.langevin``), the rebuild decision (the exact policy: some atom moved more than
     ``skin / 2`` since the last build, reduced over all devices), a rebuild or a refresh of
     the neighbours, the forces, the last half kick. How the neighbours are found is a
     ``Provider``: a local Verlet list (``single``, ``sharded``: ``md.local_provider``) or
