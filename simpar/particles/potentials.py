@@ -102,7 +102,8 @@ def pair(
         or differentiate: put them in ``params``).
       cutoff: cutoff radius rc (sigma); pairs at ``r >= rc`` contribute nothing.
       params: pytree of numbers (a dict, a NamedTuple, ...; None: none); each leaf
-        becomes a scalar array of ``dtype``.
+        becomes an array of ``dtype`` (scalars; an array leaf keeps its shape and must
+        broadcast against ``r2`` in ``energy_fn``).
       force_fn: optional ``(r2, params) -> -u'(r) / r`` (epsilon / sigma^2); None: from
         ``energy_fn`` by ``jax.jvp``.
       shift: shift the energy to zero at rc (forces unchanged).
