@@ -1,5 +1,4 @@
-"""Molecular dynamics with a pair potential (LJ, Morse or a user's ``potentials.pair``): state,
-chunked run, host loop.
+"""MD with any pair potential (LJ, Morse, a user's ``potentials.pair``): state, chunks, host loop.
 
 Contract:
   * ``MDState`` is a pytree of fixed-capacity particle buffers (leading axis N = capacity)
