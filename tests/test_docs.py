@@ -7,8 +7,9 @@
   and runs in the slow tier.
 - Every ```toml block parses; every one with a ``[model]`` table (a complete experiment file)
   runs for 2 steps through ``simpar run``.
-- A block that is deliberately a fragment starts with the line ``# fragment`` and is skipped;
-  nothing else is.
+- A block that is deliberately a fragment starts with the line ``# fragment`` and is skipped.
+  A block preceded by ``<!-- test: tests/NAME.py -->`` is run by that test file (e.g. with
+  the test set-up's FMA off, to check a bitwise claim) and not twice; nothing else is skipped.
 - docs/models.md is what ``simpar keys all`` prints.
 - Every relative link of the pages reaches a file, and its ``#anchor`` a heading there.
 - No tracked file holds an absolute path of a machine (a path under /tmp, /work, /root,
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 SLOW_MARK = "<!-- test: slow -->"
+RUN_BY = re.compile(r"<!-- test: (tests/\w+\.py) -->")
 
 
 def _blocks(lang: str) -> list:
@@ -45,6 +47,9 @@ def _blocks(lang: str) -> list:
             name = f"{page.relative_to(ROOT)}:{line}"
             if code.startswith("# fragment"):
                 marks.append(pytest.mark.skip(reason="marked '# fragment'"))
+            elif (by := RUN_BY.fullmatch(before.strip())) is not None:
+                assert (ROOT / by.group(1)).is_file(), f"{name}: {by.group(1)} does not exist"
+                marks.append(pytest.mark.skip(reason=f"run by {by.group(1)}"))
             out.append(pytest.param(code, id=name, marks=marks))
     return out
 

@@ -7,8 +7,8 @@ parameters pass through the kernel and through a trajectory. The user potentials
 ``single`` and on the decomposed engines (``pmap`` and ``shard_map``, meshes (2, 4) and (8,)),
 bitwise equal to ``single`` (FMA off, conftest) as LJ and Morse are (``test_md_domain``).
 ``integrate.nve`` / ``integrate.langevin`` in a user's ``lax.scan`` follow ``md.Simulation``
-to round-off and conserve energy to O(dt^2). ``docs/snippets/user_potential.py`` (the
-README's example) runs in a fresh process.
+to round-off and conserve energy to O(dt^2). The README's example (section "Your own pair
+potential") runs in a fresh process.
 Budget: fast tier ~20 s on 2 cores; the decomposed matrix and the snippet are ``slow``.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -248,7 +249,7 @@ def _single(kind):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "engine", "mesh"),
-    # WCA on shard_map (2, 4): test_snippet_runs_standalone
+    # WCA on shard_map (2, 4): test_readme_example_runs_standalone
     [
         ("wca", "pmap", (8,)),
         ("wca", "pmap", (2, 4)),
@@ -275,11 +276,18 @@ def test_user_potential_decomposed_equals_single(kind, engine, mesh):
 
 
 @pytest.mark.slow
-def test_snippet_runs_standalone():
-    """The README's example (``docs/snippets/user_potential.py``) in a fresh process: it sets
+def test_readme_example_runs_standalone(tmp_path):
+    """The README's example (section "Your own pair potential") in a fresh process: it sets
     x64 and 8 CPU devices itself; with FMA off (inherited XLA_FLAGS) the engines agree
-    bitwise."""
-    out = subprocess.run([sys.executable, str(ROOT / "docs/snippets/user_potential.py")],
-                         capture_output=True, text=True, cwd=ROOT, timeout=900)  # fmt: skip
+    bitwise (tests/test_docs.py leaves this block to this test)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Your own pair potential") :]
+    code = section[
+        section.index("```python\n") + 10 : section.index("\n```", section.index("```python"))
+    ]
+    script = tmp_path / "user_potential.py"
+    script.write_text(code + "\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "largest difference 0.0;" in out.stdout, out.stdout
