@@ -401,8 +401,6 @@ class SpectralRun(Run):
     def open_writer(self, path, *, resume_step, overwrite, key):
         from simpar.io.meta import run_metadata
 
-        if resume_step is not None:
-            return GridWriter.open_existing(path, step=resume_step, xdmf_min_interval=2.0)
         p, obs = self.plan, self.obs0
         axes = ("x", "y", "z")[: len(p.shape)]
         step_coord = {"coordinates": "step"}
@@ -449,12 +447,15 @@ class SpectralRun(Run):
             "attrs": step_coord,
         }  # fmt: skip
         extra = {"k": {"data": k, "units": "m-1", "long_name": "wavenumber shell centre |k|"}}
-        return GridWriter(
-            path, coords=coords, variables=variables, extra_dims=extra, attrs=attrs,
-            overwrite=overwrite,
-            xdmf_min_interval=2.0, time_units="s", length_units="m", key=key,
-            coord_points="grid points i L / N, i = 0 .. N-1",
+        new = lambda p, **kw: GridWriter(  # noqa: E731
+            p, coords=coords, variables=variables, extra_dims=extra, attrs=attrs,
+            xdmf_min_interval=2.0, time_units="s", length_units="m",
+            coord_points="grid points i L / N, i = 0 .. N-1", **kw,
         )  # fmt: skip
+        if resume_step is not None:  # the old file must have the layout of a new one
+            return GridWriter.open_existing(path, step=resume_step, xdmf_min_interval=2.0,
+                                            like=new)  # fmt: skip
+        return new(path, overwrite=overwrite, key=key)
 
     def write_frame(self, writer, step, snap, obs) -> None:
         writer.append(step * self.plan.dt, step, self._values(snap, obs))

@@ -11,6 +11,8 @@ dataset and what was expected (exit code 2 on the command line).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
 
@@ -24,6 +26,12 @@ NUMERIC = "fiub"
 #: fixed-length byte strings (``np.bytes_`` tags such as a checkpoint's ``layout``) are
 #: allowed where a caller adds ``"S"``; variable-length strings and objects never are.
 MAX_BYTES_STRING = 4096
+
+
+#: HDF5 filters built into the library (deflate, shuffle, fletcher32, szip, nbit,
+#: scaleoffset) and LZF, which h5py registers itself: reading one never loads a plugin.
+BUILTIN_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit",
+                   6: "scaleoffset", 32000: "lzf"}  # fmt: skip
 
 
 def _name(obj) -> str:
@@ -99,12 +107,7 @@ def check_dataset(
         compound, string or object dtype not allowed, or another shape/dtype.
     """
     where = f"{os.fspath(path)}: dataset {ds.name}"
-    if ds.is_virtual:
-        raise ConfigError(key, f"{where} is a virtual dataset (its data lives in other files)")
-    if ds.external:
-        raise ConfigError(
-            key, f"{where} uses HDF5 external storage ({ds.external[0][0]!r}); refused"
-        )
+    check_storage(ds, path, key)
     dt = ds.dtype
     got = f"{dt} {ds.shape}"
     if dt.fields is not None or dt.subdtype is not None or dt.kind == "O":
@@ -124,6 +127,160 @@ def check_dataset(
     elif ndim is not None and len(ds.shape) != ndim:
         raise ConfigError(key, f"{where} has shape {ds.shape}; expected {ndim} axes")
     return math.prod(ds.shape) * dt.itemsize
+
+
+def filters(ds: h5py.Dataset) -> list[int]:
+    """The filter ids of ``ds``'s pipeline, in order (from the creation property list)."""
+    plist = ds.id.get_create_plist()
+    return [int(plist.get_filter(i)[0]) for i in range(plist.get_nfilters())]
+
+
+def check_storage(ds: h5py.Dataset, path, key: str) -> None:
+    """Refuse a dataset whose data lives outside the file or needs a filter plugin.
+
+    Raises:
+      ConfigError: a virtual dataset, HDF5 external storage, or a filter that is not built
+        into HDF5 (:data:`BUILTIN_FILTERS`; reading it would make HDF5 search its plugin
+        directory for code to load).
+    """
+    where = f"{os.fspath(path)}: dataset {ds.name}"
+    if ds.is_virtual:
+        raise ConfigError(key, f"{where} is a virtual dataset (its data lives in other files)")
+    if ds.external:
+        raise ConfigError(
+            key, f"{where} uses HDF5 external storage ({ds.external[0][0]!r}); refused"
+        )
+    unknown = [code for code in filters(ds) if code not in BUILTIN_FILTERS]
+    if unknown:
+        raise ConfigError(
+            key, f"{where} uses HDF5 filter {unknown[0]}, which is not built into HDF5 "
+            f"(allowed: {', '.join(sorted(BUILTIN_FILTERS.values()))}); refused",
+        )  # fmt: skip
+
+
+def check_links(f: h5py.File, path, key: str) -> dict[str, h5py.Dataset]:
+    """Check every link of the whole file, then the storage of every dataset it names.
+
+    Nothing is followed outside the file: a soft link (which can point at another member)
+    or an external link anywhere in the file is refused, then every dataset, reached
+    through hard links only, goes through :func:`check_storage`.
+
+    Args:
+      f: the open file (read-only is enough).
+      path: the file (named in errors); key: the option or config key named in errors.
+
+    Returns:
+      name -> dataset of every dataset in the file (hard links, nothing read).
+
+    Raises:
+      ConfigError: a soft or external link, a virtual or externally stored dataset, or a
+        filter needing a plugin; the message names the file and the member.
+    """
+    links: list[tuple[str, object]] = []
+    f.visititems_links(lambda name, link: links.append((name, link)))
+    for name, link in links:
+        if not isinstance(link, h5py.HardLink):
+            kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
+            raise ConfigError(
+                key,
+                f"{os.fspath(path)}: /{name} is {kind}; links are refused (a file from outside "
+                "could point simpar at another file's data)",
+            )
+    out = {}
+    for name, _ in links:
+        obj = f[name]
+        if isinstance(obj, h5py.Dataset):
+            check_storage(obj, path, key)
+            out[name] = obj
+    return out
+
+
+def _hdf5_library():
+    """ctypes handle of the HDF5 library h5py uses (the same one already loaded), or None."""
+    candidates = []
+    try:
+        with open("/proc/self/maps") as fh:
+            candidates = [line.split()[-1] for line in fh if "libhdf5" in line]
+    except OSError:
+        pass
+    for lib in dict.fromkeys(candidates):
+        base = os.path.basename(lib)
+        if "_hl" in base or not os.path.isfile(lib):
+            continue
+        try:
+            handle = ctypes.CDLL(lib)
+            handle.H5PLset_loading_state  # noqa: B018 (exists)
+            return handle
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+_LIB: list = []
+
+
+def _plugin_state_fns():
+    """(get, set) of HDF5's plugin loading state, or None where not reachable."""
+    setter = getattr(getattr(h5py, "h5pl", None), "set_loading_state", None)
+    getter = getattr(getattr(h5py, "h5pl", None), "get_loading_state", None)
+    if setter is not None and getter is not None:
+        return getter, setter
+    if not _LIB:
+        _LIB.append(_hdf5_library())
+    lib = _LIB[0]
+    if lib is None:
+        return None
+
+    def get() -> int:
+        mask = ctypes.c_uint()
+        if lib.H5PLget_loading_state(ctypes.byref(mask)) < 0:
+            raise OSError("H5PLget_loading_state failed")
+        return int(mask.value)
+
+    def set_(mask: int) -> None:
+        if lib.H5PLset_loading_state(ctypes.c_uint(mask)) < 0:
+            raise OSError("H5PLset_loading_state failed")
+
+    return get, set_
+
+
+def plugin_loading_state() -> int | None:
+    """HDF5's plugin loading mask now (0: off), None where it cannot be read."""
+    fns = _plugin_state_fns()
+    return None if fns is None else fns[0]()
+
+
+@contextlib.contextmanager
+def no_plugins():
+    """HDF5 plugin loading switched off while reading a file from outside, restored after.
+
+    A dataset naming a filter that is not built in would make HDF5 search its plugin
+    directory (``HDF5_PLUGIN_PATH``) and load code from it; with loading off, reading such a
+    dataset fails instead (and :func:`check_storage` refuses it before any read). Where the
+    state cannot be reached (h5py without ``h5pl.set_loading_state`` and no loaded
+    ``libhdf5`` to call), the block runs unchanged.
+    """
+    fns = _plugin_state_fns()
+    if fns is None:
+        yield
+        return
+    get, set_ = fns
+    before = get()
+    set_(0)
+    try:
+        yield
+    finally:
+        set_(before)
+
+
+def open_readonly(path, key: str) -> h5py.File:
+    """``h5py.File(path, "r")``; a missing, truncated or non-HDF5 file is a ConfigError."""
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:
+        raise ConfigError(
+            key, f"{os.fspath(path)} is not a readable HDF5 file ({str(err).splitlines()[0]})"
+        ) from None
 
 
 def check_size(total: int, biggest: str, path, key: str) -> None:
