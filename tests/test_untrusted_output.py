@@ -208,8 +208,17 @@ def _open(layout, path, like):
     return cls.open_existing(path, step=STEPS[-1], like=like)
 
 
-@pytest.mark.parametrize("case", sorted(CRAFTED))
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+FAST = {"spectral", "pm"}  # every case on these in the fast tier; links on the rest
+
+
+@pytest.mark.parametrize(
+    "layout,case",
+    [
+        pytest.param(layout, case, marks=() if layout in FAST or case == "external_link"
+                     else pytest.mark.slow)
+        for layout in sorted(LAYOUTS) for case in sorted(CRAFTED)
+    ],
+)  # fmt: skip
 def test_crafted_outputs_are_refused_before_appending(tmp_path, layout, case):
     path = tmp_path / "out.h5"
     like, target, element = _write(path, layout)
@@ -264,3 +273,76 @@ def test_plugin_loading_is_off_while_reading_untrusted_files(tmp_path):
     with pytest.raises(ZeroDivisionError), untrusted.no_plugins():
         raise ZeroDivisionError
     assert untrusted.plugin_loading_state() == state
+
+
+# ----------------------------------------------------------------- the issue's command lines
+def _craft(out: Path, name: str, kind: str, tmp: Path) -> Path:
+    """The issue's cases on a real output: ``name`` replaced by an external link into
+    ``victim.h5`` or by external storage, or the file truncated to half. Returns the victim."""
+    victim = tmp / "victim.h5"
+    if kind == "truncated":
+        data = out.read_bytes()
+        out.write_bytes(data[: len(data) // 2])
+        return victim
+    with h5py.File(out, "a") as f:
+        old = f[name]
+        with h5py.File(victim, "w") as v:
+            v.create_dataset("data", data=old[()], maxshape=old.maxshape, chunks=True)
+        if kind == "external_link":
+            del f[name]
+            f[name] = h5py.ExternalLink(str(victim), "/data")
+        else:
+            _external_storage(f, name, tmp)
+    return victim
+
+
+def resume_refused(main, capsys, cfg_args, out: Path, name: str, kind: str, tmp: Path):
+    """``simpar run ... --resume`` on a crafted copy of ``out``: exit 2, one line naming the
+    file and ``name``, no file changed."""
+    victim = _craft(out, name, kind, tmp)
+    before = _digest([out, victim, tmp / "raw.bin"])
+    capsys.readouterr()
+    code = main(["run", *cfg_args, "--quiet", "--out", str(out), "--steps", "8", "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert err.count("\n") == 1 and str(out.name) in err, err
+    if kind != "truncated":
+        assert name in err, err
+    assert _digest([out, victim, tmp / "raw.bin"]) == before
+
+
+_GRID_RUNS: dict = {}
+
+
+def _grid_run(model: str, tmp: Path):
+    """(config args, output) of a finished 4-step 16^2 heat / spectral run (once per model)."""
+    from simpar.cli import main
+
+    if model not in _GRID_RUNS:
+        root = Path(__file__).resolve().parents[1] / "experiments"
+        toml = {"heat": "heat2d.toml", "spectral": "taylor_green.toml"}[model]
+        args = [str(root / toml), "--set", "grid.shape=[16,16]", "--set", "output.every=2"]
+        out = tmp / f"{model}.nc"
+        assert main(["run", *args, "--quiet", "--out", str(out), "--steps", "4"]) == 0
+        _GRID_RUNS[model] = (args, out)
+    return _GRID_RUNS[model]
+
+
+@pytest.fixture(scope="module")
+def grid_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grids")
+    return lambda model: _grid_run(model, tmp)
+
+
+@pytest.mark.parametrize("kind", ["external_link", pytest.param("external_storage",
+                         marks=pytest.mark.slow), pytest.param("truncated", marks=pytest.mark.slow)])  # fmt: skip
+@pytest.mark.parametrize("model", ["heat", pytest.param("spectral", marks=pytest.mark.slow)])
+def test_resume_onto_a_crafted_grid_output_exits_2(grid_runs, tmp_path, capsys, model, kind):
+    from simpar.cli import main
+    from simpar.io import checkpoint
+
+    args, src = grid_runs(model)
+    out = tmp_path / src.name
+    out.write_bytes(src.read_bytes())
+    checkpoint.checkpoint_path(out).write_bytes(checkpoint.checkpoint_path(src).read_bytes())
+    resume_refused(main, capsys, args, out, "step", kind, tmp_path)

@@ -266,3 +266,18 @@ def open_appendable(path, key: str = KEY) -> h5py.File:
             f"cannot open {os.fspath(path)!r} for appending ({str(err).splitlines()[0]}); is "
             "another process (a viewer, an h5py session, another run) holding it open?",
         ) from None
+
+
+def check_output(path, *, step: int | None, key: str = KEY) -> None:
+    """The checks of :func:`check_grid_output` or :func:`check_h5md_output` that need no
+    template (links, storage, frames at ``step``), whichever the file is (a grid file has a
+    root ``time``): made as soon as ``--resume`` is read, before the run compiles anything.
+
+    Raises:
+      ConfigError: a missing, unreadable or crafted file, naming it and the dataset.
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(key, f"output file {os.fspath(path)!r} does not exist")
+    with untrusted.no_plugins(), untrusted.open_readonly(path, key) as f:
+        grid = f.get("time", getlink=True) is not None
+    (check_grid_output if grid else check_h5md_output)(path, step=step, key=key)
