@@ -139,9 +139,10 @@ class PMPlan(Plan):
 
             check_pm_resume(c.path, config_text, self.n, self.dtype)
         itemsize = np.dtype(self.dtype).itemsize
+        on_particles, on_mesh = self.n * 40 * itemsize, 12 * math.prod(self.shape) * itemsize
         check_fits(  # particle arrays (x ~2 buffers) and ~12 mesh-sized arrays
-            self.n * 40 * itemsize + 12 * math.prod(self.shape) * itemsize + (256 << 20),
-            phys.key("pm_mesh"),
+            on_particles + on_mesh + (256 << 20),
+            part.key("lattice") if on_particles > on_mesh else phys.key("pm_mesh"),
             f"{self.n} particles on a {'x'.join(map(str, self.shape))} mesh",
             "reduce particles.lattice or physics.pm_mesh, or use more devices",
         )

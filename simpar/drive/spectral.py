@@ -238,6 +238,12 @@ class SpectralPlan(Plan):
         self.config_text = config_text
         self.save_checkpoints = c.checkpoint
         self.ck = None
+        if c.resume:  # names, shapes, dtypes, finiteness, before the run is built
+            from simpar.io import checkpoint
+
+            want = (self.state_shape(), np.dtype(self.dtype))
+            checkpoint.load_for_resume(c.path, config_text, self.model,
+                                       expected=dict.fromkeys(self.state_names(), want))  # fmt: skip
         mesh = device_mesh(c)
         self.eng = SpectralEngine(c.engine, self.shape, mesh, real=True, key=c.mesh_key)
         self.mesh = tuple(self.eng.plan.mesh)
@@ -289,10 +295,13 @@ class SpectralPlan(Plan):
             a = ck.get(name)
             if a is None or a.shape != self.state_shape() or a.dtype != np.dtype(self.dtype):
                 got = None if a is None else f"{a.shape} {a.dtype}"
+                from simpar.io.checkpoint import checkpoint_path
+
                 raise ConfigError(
                     "--resume",
-                    f"the checkpoint's {name} is {got}, expected {self.state_shape()} "
-                    f"{self.dtype}; it was not written by this spectral_ns config",
+                    f"{checkpoint_path(self.common.path)}: dataset /state/{name} is {got}, "
+                    f"expected {self.state_shape()} {self.dtype}; it was not written by this "
+                    "spectral_ns config",
                 )
         self.ck = ck
         return 0

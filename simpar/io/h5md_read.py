@@ -103,7 +103,7 @@ def read_frame(
         or a damaged or crafted element (the message names the file and the dataset).
     """
     path = os.fspath(path)
-    with h5py.File(path, "r") as f:
+    with untrusted.no_plugins(), h5py.File(path, "r") as f:
         g = _particles_group(f, group, key)
         if g.get("position", getlink=True) is None:
             raise ConfigError(key, f"{path}: no position element in {g.name}")
