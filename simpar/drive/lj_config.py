@@ -120,7 +120,7 @@ def read_config(root: Section) -> dict:
         cfg["density"] = sysc.get("density", min=0.0, exclusive_min=True)
         cfg["cells"] = sysc.get("cells", kind=int, length=3, min=1)
         cfg["temperature"] = sysc.get("temperature", 0.0, min=0.0)
-        cfg["seed"] = sysc.get("seed", 0, kind=int, min=0)
+        cfg["seed"] = sysc.get("seed", 0, kind=int, min=0, max=2**63 - 1)
         cfg["boundary"] = sysc.get("boundary", "periodic", kind=str, choices=("periodic", "none"))
     else:
         path = sysc.get("file", kind=str)
@@ -167,7 +167,7 @@ def read_config(root: Section) -> dict:
     if ens == "langevin":
         cfg["kt"] = integ.get("temperature", min=0.0)
         cfg["gamma"] = integ.get("gamma", 1.0, min=0.0)
-        cfg["noise_seed"] = integ.get("seed", 0, kind=int, min=0)
+        cfg["noise_seed"] = integ.get("seed", 0, kind=int, min=0, max=2**63 - 1)
     else:
         cfg["kt"], cfg["gamma"], cfg["noise_seed"] = 0.0, 0.0, 0
 

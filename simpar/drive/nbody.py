@@ -59,7 +59,7 @@ class NBodyPlan(Plan):
         cfg.section("model", required=True).get("name", kind=str, choices=("nbody",))
         part = cfg.section("particles", required=True)
         self.n = n = part.get("n", kind=int, min=2)
-        self.seed = part.get("seed", 0, kind=int, min=0)
+        self.seed = part.get("seed", 0, kind=int, min=0, max=2**63 - 1)
         self.dtype = part.get("dtype", "float64", kind=str, choices=("float32", "float64"))
         precision.require(self.dtype, part.key("dtype"))
         self.dt = cfg.section("time", required=True).get("dt", kind=float, min=0.0,

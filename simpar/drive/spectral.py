@@ -130,7 +130,7 @@ def _initial(cfg: Section, shape, length, dtype) -> tuple[np.ndarray, int | None
             )
         amp = ini.get("amplitude", 1.0)
         return S.taylor_green(shape, length, wavenumber=n, amplitude=amp, dtype=dtype), None
-    seed = ini.get("seed", 0, kind=int, min=0)
+    seed = ini.get("seed", 0, kind=int, min=0, max=2**63 - 1)
     peak = ini.get("peak_wavenumber", 4.0, min=0.0, exclusive_min=True)
     energy = ini.get("energy", 0.5, min=0.0, exclusive_min=True)
     w = S.random_turbulence(shape, length, seed=seed, peak_wavenumber=peak, energy=energy)
