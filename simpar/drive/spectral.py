@@ -131,7 +131,7 @@ def _initial(cfg: Section, shape, length, dtype) -> tuple[np.ndarray, int | None
         amp = ini.get("amplitude", 1.0)
         return S.taylor_green(shape, length, wavenumber=n, amplitude=amp, dtype=dtype), None
     seed = ini.get("seed", 0, kind=int, min=0, max=2**63 - 1)
-    peak = ini.get("peak_wavenumber", 4.0, min=0.0, exclusive_min=True)
+    peak = ini.get("peak_wavenumber", 4.0, min=0.0, max=1e6, exclusive_min=True)
     energy = ini.get("energy", 0.5, min=0.0, exclusive_min=True)
     w = S.random_turbulence(shape, length, seed=seed, peak_wavenumber=peak, energy=energy)
     return w.astype(dtype), seed
@@ -201,6 +201,9 @@ class SpectralPlan(Plan):
         self.length = tuple(
             g.get("length", [2 * math.pi] * d, length=d, min=0.0, exclusive_min=True)
         )
+        if not (1e-100 <= min(self.length) and max(self.length) <= 1e100):  # wavenumbers
+            raise ConfigError(g.key("length"), f"{list(self.length)}: each length must lie in "
+                              "1e-100 .. 1e100")  # fmt: skip
         self.dtype = g.get("dtype", "float32", kind=str, choices=("float32", "float64"))
         precision.require(self.dtype, g.key("dtype"))
         ph = cfg.section("physics")
@@ -249,7 +252,17 @@ class SpectralPlan(Plan):
         self.mesh = tuple(self.eng.plan.mesh)
 
     def _check_dt(self, key: str) -> None:
+        speed = "initial.energy" if self.seed is not None else "initial.amplitude"
+        if not np.all(np.isfinite(self.x0)):
+            raise ConfigError(speed if self.seed is None or np.isfinite(self.x0).any()
+                              else "initial", "gives a non-finite initial field")  # fmt: skip
         cfl = _host_cfl(self.x0, self.length, self.dt)
+        if not cfl <= CFL_LIMIT * 1e6:  # no sensible dt fixes this: the initial flow is absurd
+            raise ConfigError(
+                speed,
+                f"the initial field moves {cfl / self.dt:.3g} cells per unit time (advective "
+                f"CFL number {cfl:.3g} at time.dt = {self.dt:g}); give a speed of order 1",
+            )
         if not cfl <= CFL_LIMIT:
             raise ConfigError(
                 key,
