@@ -1,5 +1,6 @@
 """Untrusted outputs (issue 31, item 1): the file ``--resume`` appends to is checked like the
-checkpoint before anything is appended (``simpar.io.output_checks``).
+checkpoint before anything is appended (``simpar.io.untrusted``: links, storage, layout;
+``nclayout.check_grid_output``, ``h5md_read.check_h5md_output``: frames).
 
 Every model's output layout is built by its own writer (grid netCDF with an ensemble, the
 spectral file with its ``k`` dimension, H5MD for LJ, N-body and PM), given three frames, then

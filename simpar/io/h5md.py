@@ -374,7 +374,7 @@ class H5MDWriter:
           path: an existing H5MD file of this writer.
           step: the step of the checkpoint; the last kept frame must have this step.
           like: ``like(path) -> H5MDWriter`` writing the new file of this run: the file
-            must have its layout (``simpar.io.output_checks``); None checks less.
+            must have its layout (``simpar.io.untrusted.check_layout``); None checks less.
 
         Returns:
           A writer positioned after that frame (``run_status``, where present, is set to
@@ -385,7 +385,8 @@ class H5MDWriter:
             checks of a file from outside (links, storage, layout), before it is opened for
             writing; also when it cannot be opened for appending.
         """
-        from simpar.io.output_checks import check_h5md_output, open_appendable
+        from simpar.io.h5md_read import check_h5md_output
+        from simpar.io.untrusted import open_appendable
 
         check_h5md_output(path, step=step, like=like)
         f = open_appendable(path)

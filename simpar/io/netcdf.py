@@ -322,7 +322,7 @@ class GridWriter:
           xdmf: keep writing the ``path + ".xdmf"`` sidecar.
           xdmf_min_interval: as in :class:`GridWriter`.
           like: ``like(path) -> GridWriter`` writing the new file of this run: the file
-            must have its layout (``simpar.io.output_checks``); None checks less.
+            must have its layout (``simpar.io.untrusted.check_layout``); None checks less.
 
         Returns:
           A writer positioned after the last kept frame; ``run_status`` is set to
@@ -333,7 +333,7 @@ class GridWriter:
             a file from outside (links, storage, layout, a frame at ``step``; key
             ``--resume``), before it is opened for writing.
         """
-        from simpar.io.output_checks import check_grid_output
+        from simpar.io.nclayout import check_grid_output
 
         path = Path(path)
         if not path.is_file():
