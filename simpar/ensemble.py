@@ -144,7 +144,7 @@ def from_config(cfg: Section, data: dict, grid_setup) -> Ensemble | None:
             )
         sw._used.add(key)
         sweep[key] = values
-    seeds = ens.get("seeds", None, kind=int, length=members, min=0)
+    seeds = ens.get("seeds", None, kind=int, length=members, min=0, max=2**63 - 1)
     if seeds is not None:
         if "initial.seed" in sweep:
             raise ConfigError("ensemble.seeds", "give seeds or sweep 'initial.seed', not both")

@@ -485,13 +485,16 @@ def _bad_config(rng: random.Random, data: dict):
     return data, ".".join(key)
 
 
-def test_fuzz_bad_configs_every_experiment_exit_2_naming_the_key(tmp_path, capsys):
+@pytest.mark.parametrize("total", [45, pytest.param(300, marks=pytest.mark.slow)])
+def test_fuzz_bad_configs_every_experiment_exit_2_naming_the_key(tmp_path, capsys, total):
+    """The full fuzz (300 mutations) in the slow tier, its first 45 in the fast tier; the
+    spectral and PM models' own: tests/test_fuzz_models.py."""
     rng = random.Random(20261130)
     bases = {p: tomllib.loads(Path(p).read_text()) for p in _EXPERIMENTS}
     assert len(bases) >= 8
     seen = set()
     n = 0
-    while n < 300:
+    while n < total:
         exp = _EXPERIMENTS[n % len(_EXPERIMENTS)]
         data, key = _bad_config(rng, bases[exp])
         ext = ".h5md" if data["model"]["name"] in ("lj", "nbody") else ".nc"

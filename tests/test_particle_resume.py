@@ -184,7 +184,7 @@ def test_h5md_open_existing_drops_cut_and_later_frames(tmp_path):
                  observables={"temperature": k}, rng_key=np.array([k, k], np.uint32))  # fmt: skip
     w.elements["position"].resize(4, axis=0)  # a 4th frame cut short by a kill: no step
     w.close()
-    with pytest.raises(ValueError, match="no frame at step 7"):
+    with pytest.raises(ValueError, match="no frame at the checkpoint.s step 7"):
         h5md.H5MDWriter.open_existing(path, step=7)
     w = h5md.H5MDWriter.open_existing(path, step=1)  # checkpoint at step 1
     assert w.frames == 2 and sorted(w.elements) == [

@@ -215,3 +215,26 @@ def test_resume_from_a_crafted_particle_checkpoint_exits_2(
     assert code == 2 and "Traceback" not in err, err
     assert name in err and str(ck) in err and "--resume" in err
     assert h5md.n_frames(out) == frames  # untouched by the refusal
+
+
+@pytest.mark.parametrize(
+    "model,kind",
+    [("lj", "external_link"), ("pm", "external_link"), ("nbody", "truncated"),
+     pytest.param("pm", "truncated", marks=pytest.mark.slow),
+     pytest.param("lj", "external_storage", marks=pytest.mark.slow),
+     pytest.param("nbody", "external_link", marks=pytest.mark.slow),
+     pytest.param("pm", "external_storage", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_resume_onto_a_crafted_particle_output_exits_2(particle_runs, tmp_path, capsys, model,
+                                                       kind):  # fmt: skip
+    """Issue 31, item 1: ``--resume`` onto an output whose ``position/value`` links to or
+    is stored in another file, or which is truncated, exits 2 naming the file (and the
+    dataset) and writes nothing anywhere (tests/test_untrusted_output.py: every layout)."""
+    from test_untrusted_output import resume_refused
+
+    from simpar.cli import main
+
+    cfg, _ = particle_runs[model]
+    out, _ = _copy_run(particle_runs[model], tmp_path)
+    resume_refused(main, capsys, [str(cfg)], out, "particles/trajectory/position/value", kind,
+                   tmp_path)  # fmt: skip

@@ -205,8 +205,6 @@ class GridRun(Run):
         from simpar.io.meta import run_metadata
         from simpar.io.netcdf import GridWriter
 
-        if resume_step is not None:
-            return GridWriter.open_existing(path, step=resume_step, xdmf_min_interval=2.0)
         p, setup, model = self.plan, self.setup, self.setup.model
         domain, ens = setup.domain, p.ens
         names = AXIS_NAMES[: domain.ndim]
@@ -252,14 +250,18 @@ class GridRun(Run):
         )
         coords = {n: c for n, c in zip(reversed(names), reversed(domain.coords()), strict=True)}
         # the XDMF sidecar is rewritten whole: at most every 2 s, and always at close
-        return GridWriter(
-            path, coords=coords, variables=variables, attrs=attrs, overwrite=overwrite,
-            xdmf_min_interval=2.0, time_units=model.time_units,
-            length_units=model.length_units, key=key, ensemble=ens.members if ens else None,
+        new = lambda p, **kw: GridWriter(  # noqa: E731
+            p, coords=coords, variables=variables, attrs=attrs, xdmf_min_interval=2.0,
+            time_units=model.time_units, length_units=model.length_units,
+            ensemble=ens.members if ens else None,
             ensemble_coords=ens.coordinates(
                 [*coords, *variables], getattr(model, "param_units", None)
-            ) if ens else None,
+            ) if ens else None, **kw,
         )  # fmt: skip
+        if resume_step is not None:  # the old file must have the layout of a new one
+            return GridWriter.open_existing(path, step=resume_step, xdmf_min_interval=2.0,
+                                            like=new)  # fmt: skip
+        return new(path, overwrite=overwrite, key=key)
 
     def write_frame(self, writer, step, snap, obs) -> None:
         fns, ens = self.out_fields, self.plan.ens

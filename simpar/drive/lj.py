@@ -84,8 +84,11 @@ def _check_appendable(path) -> None:
     file lock held by a reader, read-only file); a missing file is left to the driver."""
     import h5py
 
+    from simpar.io.untrusted import open_readonly
+
     if not path.exists():
         return
+    open_readonly(path, "--resume").close()  # a truncated or non-HDF5 file says so
     try:
         h5py.File(path, "a").close()
     except OSError as err:
@@ -245,11 +248,6 @@ class LJRun(Run):
     def open_writer(self, path, *, resume_step, overwrite, key):
         from simpar.io import h5md
 
-        if resume_step is not None:
-            try:
-                return h5md.H5MDWriter.open_existing(path, step=resume_step)
-            except OSError as err:
-                raise _not_appendable(path, err) from None
         p, cfg = self.plan, self.cfg
         seed = cfg.get("seed") if cfg["init"] == "lattice" else None
         attrs = run_metadata(
@@ -262,12 +260,18 @@ class LJRun(Run):
                      noise_seed=np.int64(cfg["noise_seed"]),
                      neighbors_every=np.int64(cfg["every"]),
                      neighbors_check=np.bool_(cfg["check"]))  # fmt: skip
-        return h5md.H5MDWriter(
+        new = lambda path, **kw: h5md.H5MDWriter(  # noqa: E731
             path, p.n, boundary=[cfg["boundary"]] * 3, dtype=cfg["dtype"],
             velocity=cfg["write_velocity"], force=cfg["write_force"],
             observables=observables.NAMES, rng_key=True, mass=np.full(p.n, cfg["mass"]),
-            attrs=attrs, overwrite=overwrite, key=key, units=cfg["units"],
+            attrs=attrs, units=cfg["units"], **kw,
         )  # fmt: skip
+        if resume_step is not None:  # the old file must have the layout of a new one
+            try:
+                return h5md.H5MDWriter.open_existing(path, step=resume_step, like=new)
+            except OSError as err:
+                raise _not_appendable(path, err) from None
+        return new(path, overwrite=overwrite, key=key)
 
     def write_frame(self, writer, step, g, th) -> None:
         cfg = self.cfg

@@ -120,7 +120,7 @@ def read_config(root: Section) -> dict:
         cfg["density"] = sysc.get("density", min=0.0, exclusive_min=True)
         cfg["cells"] = sysc.get("cells", kind=int, length=3, min=1)
         cfg["temperature"] = sysc.get("temperature", 0.0, min=0.0)
-        cfg["seed"] = sysc.get("seed", 0, kind=int, min=0)
+        cfg["seed"] = sysc.get("seed", 0, kind=int, min=0, max=2**63 - 1)
         cfg["boundary"] = sysc.get("boundary", "periodic", kind=str, choices=("periodic", "none"))
     else:
         path = sysc.get("file", kind=str)
@@ -167,7 +167,7 @@ def read_config(root: Section) -> dict:
     if ens == "langevin":
         cfg["kt"] = integ.get("temperature", min=0.0)
         cfg["gamma"] = integ.get("gamma", 1.0, min=0.0)
-        cfg["noise_seed"] = integ.get("seed", 0, kind=int, min=0)
+        cfg["noise_seed"] = integ.get("seed", 0, kind=int, min=0, max=2**63 - 1)
     else:
         cfg["kt"], cfg["gamma"], cfg["noise_seed"] = 0.0, 0.0, 0
 
@@ -360,8 +360,8 @@ def check_memory(cfg) -> None:
         density = 1.0  # dense liquid; the file's box may be open
     reach = cfg["cutoff"] + cfg["skin"]
     neighbours = cfg["max_neighbors"] or max(
-        16, int(density * 4.19 * reach**3 * cfg["capacity_factor"] * 1.5)
-    )
+        16.0, density * 4.19 * reach**3 * cfg["capacity_factor"] * 1.5
+    )  # a float: a density of 1e300 gives a 300-digit count
     item = np.dtype(cfg["dtype"]).itemsize
     # per atom ~ 16 vectors (state, forces, reference positions, host copies); per
     # neighbour slot an index and its displacement, distance and pair terms
@@ -373,7 +373,7 @@ def check_memory(cfg) -> None:
     check_fits(
         per_atom + per_slot + (256 << 20),
         key,
-        f"{n} atoms with about {neighbours} neighbour slots each",
+        f"{n} atoms with about {neighbours:.3g} neighbour slots each",
         hint,
     )
 
@@ -384,20 +384,25 @@ def _neighbour_blame(cfg, key: str, hint: str) -> tuple[str, str]:
     if cfg["max_neighbors"]:
         return "neighbors.max_neighbors", "lower neighbors.max_neighbors (0: measured)"
     cut, skin = cfg["cutoff"], cfg["skin"]
-    factors = {  # slots scale with capacity_factor and (cutoff + skin)^3
+    factors = {  # slots scale with capacity_factor, (cutoff + skin)^3 and the density
         "neighbors.capacity_factor": cfg["capacity_factor"] / 1.2,
         "neighbors.skin": ((cut + skin) / (cut + 0.3)) ** 3,
         "potential.cutoff": ((cut + skin) / (2.5 + skin)) ** 3,
     }
+    if cfg["init"] == "lattice":
+        factors["system.density"] = cfg["density"] / 0.8442
     worst = max(factors, key=factors.get)
     if factors[worst] < 10:
         return key, hint
-    usual = {"neighbors.capacity_factor": 1.2, "neighbors.skin": 0.3, "potential.cutoff": 2.5}
-    value = {"neighbors.capacity_factor": cfg["capacity_factor"], "neighbors.skin": skin}
+    usual = {"neighbors.capacity_factor": 1.2, "neighbors.skin": 0.3, "potential.cutoff": 2.5,
+             "system.density": 0.8442}  # fmt: skip
+    value = {"neighbors.capacity_factor": cfg["capacity_factor"], "neighbors.skin": skin,
+             "system.density": cfg.get("density")}  # fmt: skip
     value = value.get(worst, cut)
     return worst, (
-        f"{worst} = {value:g} needs {factors[worst]:.3g} times the neighbour slots of the "
+        f"{worst} = {value:.4g} needs {factors[worst]:.3g} times the neighbour slots of the "
         f"usual {usual[worst]:g}; use a smaller value"
+        + (" (reduced units: near 1)" if worst == "system.density" else "")
     )
 
 
@@ -424,9 +429,31 @@ def pair_energy_blame(cfg) -> tuple[str, str]:
     )
 
 
+def _check_cells(cfg, box) -> None:
+    """Refuse a periodic box whose neighbour cell grid (``neighbors._layout``: box * 2 /
+    (cutoff + skin) cells per axis) overflows int32 indices or the memory: a dilute lattice
+    (``system.density`` far below 1) or a huge ``system.file`` box."""
+    from simpar.memory import check_fits
+
+    if cfg["boundary"] != "periodic":
+        return
+    cells = np.maximum(np.floor(np.asarray(box, np.float64) * 2 / (cfg["cutoff"] + cfg["skin"])), 1)
+    total = float(np.prod(cells))
+    key = "system.density" if cfg["init"] == "lattice" else "system.file"
+    what = f"a density of {cfg['density']:.3g}" if cfg["init"] == "lattice" else "its box"
+    hint = ("use a density near 1 (reduced units)" if cfg["init"] == "lattice"
+            else "use a denser system or an open boundary")  # fmt: skip
+    if total > 2**31 - 1:
+        raise ConfigError(key, f"{what} gives a box of {np.asarray(box).max():.3g} sigma and a "
+                          f"neighbour cell grid of {total:.3g} cells (more than 2^31); {hint}")  # fmt: skip
+    check_fits(int(total) * 16, key, f"a neighbour cell grid of {total:.3g} cells", hint)
+
+
 def check_geometry(cfg, box) -> None:
     """Refuse a periodic box whose edges ``box`` ``(3,)`` are shorter than twice the
-    interaction reach (cutoff + skin), which the minimum image needs."""
+    interaction reach (cutoff + skin), which the minimum image needs, or whose neighbour
+    cell grid cannot be indexed or held (:func:`_check_cells`)."""
+    _check_cells(cfg, box)
     if cfg["boundary"] == "periodic":
         need = 2.0 * (cfg["cutoff"] + cfg["skin"])
         if np.min(box) < need:

@@ -46,7 +46,7 @@ from simpar import signals
 from simpar.config import Section
 from simpar.drive.chunks import CHUNK_SECONDS, PROBE_STEPS, ChunkClock, next_chunk
 from simpar.errors import ConfigError, SimulationError
-from simpar.io import checkpoint
+from simpar.io import checkpoint, untrusted
 from simpar.io.files import check_output_path, status_on_exit, write_error
 from simpar.io.meta import run_summary
 from simpar.parallel import distributed
@@ -338,6 +338,7 @@ def _drive(adapter, data: dict, config_text: str, opts: Options, watch) -> dict:
                 "--steps", f"the checkpoint is at step {ck_step}; ask for more steps to resume"
             )
         start = ck_step - first
+        untrusted.check_output(c.path, step=ck_step)  # before any compilation
     elif c.path.exists() and not c.overwrite:
         raise ConfigError(
             "--out",

@@ -59,7 +59,7 @@ class NBodyPlan(Plan):
         cfg.section("model", required=True).get("name", kind=str, choices=("nbody",))
         part = cfg.section("particles", required=True)
         self.n = n = part.get("n", kind=int, min=2)
-        self.seed = part.get("seed", 0, kind=int, min=0)
+        self.seed = part.get("seed", 0, kind=int, min=0, max=2**63 - 1)
         self.dtype = part.get("dtype", "float64", kind=str, choices=("float32", "float64"))
         precision.require(self.dtype, part.key("dtype"))
         self.dt = cfg.section("time", required=True).get("dt", kind=float, min=0.0,
@@ -168,15 +168,17 @@ class BodiesRun(Run):
         from simpar.io.h5md import H5MDWriter
         from simpar.io.meta import run_metadata
 
-        if resume_step is not None:
-            return H5MDWriter.open_existing(path, step=resume_step)
         p = self.plan
         meta = run_metadata(
             p.config_text, engine=p.engine, mesh=p.mesh, dtype=p.dtype, seed=p.seed,
             model="nbody",
         )  # fmt: skip
-        return io.open_output(path, p.n, p.dtype, self.mass, meta | self.file_attrs(),
-                              overwrite=overwrite, key=key, **self._OUTPUT)  # fmt: skip
+        new = lambda path, **kw: io.open_output(  # noqa: E731
+            path, p.n, p.dtype, self.mass, meta | self.file_attrs(), **kw, **self._OUTPUT
+        )
+        if resume_step is not None:  # the old file must have the layout of a new one
+            return H5MDWriter.open_existing(path, step=resume_step, like=new)
+        return new(path, overwrite=overwrite, key=key)
 
 
 class NBodyRun(BodiesRun):

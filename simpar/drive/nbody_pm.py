@@ -92,6 +92,9 @@ class PMPlan(Plan):
         self.shape = tuple(phys.get("pm_mesh", kind=int, length=3, min=4))
         self.box = tuple(phys.get("box", [1.0] * 3, kind=float, length=3, min=0.0,
                                   exclusive_min=True))  # fmt: skip
+        if not (1e-100 <= min(self.box) and max(self.box) <= 1e100):  # wavenumbers, volume
+            raise ConfigError(phys.key("box"), f"edges {list(self.box)} must lie in 1e-100 .. "
+                              "1e100 (N-body units: 1)")  # fmt: skip
         self.G = phys.get("G", 1.0, kind=float, min=0.0, exclusive_min=True)
         part = cfg.section("particles", required=True)
         if "n" in part:
@@ -102,7 +105,7 @@ class PMPlan(Plan):
             )
         self.lattice = tuple(part.get("lattice", kind=int, length=3, min=1))
         self.n = math.prod(self.lattice)
-        self.seed = part.get("seed", 0, kind=int, min=0)
+        self.seed = part.get("seed", 0, kind=int, min=0, max=2**63 - 1)
         self.dtype = part.get("dtype", "float64", kind=str, choices=("float32", "float64"))
         precision.require(self.dtype, part.key("dtype"))
         init = cfg.section("initial", required=True)
@@ -139,9 +142,10 @@ class PMPlan(Plan):
 
             check_pm_resume(c.path, config_text, self.n, self.dtype)
         itemsize = np.dtype(self.dtype).itemsize
+        on_particles, on_mesh = self.n * 40 * itemsize, 12 * math.prod(self.shape) * itemsize
         check_fits(  # particle arrays (x ~2 buffers) and ~12 mesh-sized arrays
-            self.n * 40 * itemsize + 12 * math.prod(self.shape) * itemsize + (256 << 20),
-            phys.key("pm_mesh"),
+            on_particles + on_mesh + (256 << 20),
+            part.key("lattice") if on_particles > on_mesh else phys.key("pm_mesh"),
             f"{self.n} particles on a {'x'.join(map(str, self.shape))} mesh",
             "reduce particles.lattice or physics.pm_mesh, or use more devices",
         )
@@ -243,6 +247,17 @@ class PMRun(BodiesRun):
 
     def initial_problem(self, obs) -> None:
         why = self._nonfinite(obs)
+        if why and self.e0 is None:  # a new run: the config made the initial state non-finite
+            p = self.plan
+            volume = math.prod(p.box)
+            if not (math.isfinite(volume) and 1e-300 < volume < 1e300):
+                key = "physics.box"
+            elif p.G * max(p.box) ** 2 > 1e300:
+                key = "physics.G"
+            else:
+                key = "initial.sigma" if p.kind != "plane_wave" else "initial.amplitude"
+            raise ConfigError(key, f"gives a non-finite initial state ({why}); use values near "
+                              "1 (N-body units: box 1, G = 1 / (4 pi))")  # fmt: skip
         if why:
             raise SimulationError(self.step, why, self._HINT)
         if self.e0 is None:

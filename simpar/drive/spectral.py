@@ -130,8 +130,8 @@ def _initial(cfg: Section, shape, length, dtype) -> tuple[np.ndarray, int | None
             )
         amp = ini.get("amplitude", 1.0)
         return S.taylor_green(shape, length, wavenumber=n, amplitude=amp, dtype=dtype), None
-    seed = ini.get("seed", 0, kind=int, min=0)
-    peak = ini.get("peak_wavenumber", 4.0, min=0.0, exclusive_min=True)
+    seed = ini.get("seed", 0, kind=int, min=0, max=2**63 - 1)
+    peak = ini.get("peak_wavenumber", 4.0, min=0.0, max=1e6, exclusive_min=True)
     energy = ini.get("energy", 0.5, min=0.0, exclusive_min=True)
     w = S.random_turbulence(shape, length, seed=seed, peak_wavenumber=peak, energy=energy)
     return w.astype(dtype), seed
@@ -201,6 +201,9 @@ class SpectralPlan(Plan):
         self.length = tuple(
             g.get("length", [2 * math.pi] * d, length=d, min=0.0, exclusive_min=True)
         )
+        if not (1e-100 <= min(self.length) and max(self.length) <= 1e100):  # wavenumbers
+            raise ConfigError(g.key("length"), f"{list(self.length)}: each length must lie in "
+                              "1e-100 .. 1e100")  # fmt: skip
         self.dtype = g.get("dtype", "float32", kind=str, choices=("float32", "float64"))
         precision.require(self.dtype, g.key("dtype"))
         ph = cfg.section("physics")
@@ -238,12 +241,28 @@ class SpectralPlan(Plan):
         self.config_text = config_text
         self.save_checkpoints = c.checkpoint
         self.ck = None
+        if c.resume:  # names, shapes, dtypes, finiteness, before the run is built
+            from simpar.io import checkpoint
+
+            want = (self.state_shape(), np.dtype(self.dtype))
+            checkpoint.load_for_resume(c.path, config_text, self.model,
+                                       expected=dict.fromkeys(self.state_names(), want))  # fmt: skip
         mesh = device_mesh(c)
         self.eng = SpectralEngine(c.engine, self.shape, mesh, real=True, key=c.mesh_key)
         self.mesh = tuple(self.eng.plan.mesh)
 
     def _check_dt(self, key: str) -> None:
+        speed = "initial.energy" if self.seed is not None else "initial.amplitude"
+        if not np.all(np.isfinite(self.x0)):
+            raise ConfigError(speed if self.seed is None or np.isfinite(self.x0).any()
+                              else "initial", "gives a non-finite initial field")  # fmt: skip
         cfl = _host_cfl(self.x0, self.length, self.dt)
+        if not cfl <= CFL_LIMIT * 1e6:  # no sensible dt fixes this: the initial flow is absurd
+            raise ConfigError(
+                speed,
+                f"the initial field moves {cfl / self.dt:.3g} cells per unit time (advective "
+                f"CFL number {cfl:.3g} at time.dt = {self.dt:g}); give a speed of order 1",
+            )
         if not cfl <= CFL_LIMIT:
             raise ConfigError(
                 key,
@@ -289,10 +308,13 @@ class SpectralPlan(Plan):
             a = ck.get(name)
             if a is None or a.shape != self.state_shape() or a.dtype != np.dtype(self.dtype):
                 got = None if a is None else f"{a.shape} {a.dtype}"
+                from simpar.io.checkpoint import checkpoint_path
+
                 raise ConfigError(
                     "--resume",
-                    f"the checkpoint's {name} is {got}, expected {self.state_shape()} "
-                    f"{self.dtype}; it was not written by this spectral_ns config",
+                    f"{checkpoint_path(self.common.path)}: dataset /state/{name} is {got}, "
+                    f"expected {self.state_shape()} {self.dtype}; it was not written by this "
+                    "spectral_ns config",
                 )
         self.ck = ck
         return 0
@@ -401,8 +423,6 @@ class SpectralRun(Run):
     def open_writer(self, path, *, resume_step, overwrite, key):
         from simpar.io.meta import run_metadata
 
-        if resume_step is not None:
-            return GridWriter.open_existing(path, step=resume_step, xdmf_min_interval=2.0)
         p, obs = self.plan, self.obs0
         axes = ("x", "y", "z")[: len(p.shape)]
         step_coord = {"coordinates": "step"}
@@ -449,12 +469,15 @@ class SpectralRun(Run):
             "attrs": step_coord,
         }  # fmt: skip
         extra = {"k": {"data": k, "units": "m-1", "long_name": "wavenumber shell centre |k|"}}
-        return GridWriter(
-            path, coords=coords, variables=variables, extra_dims=extra, attrs=attrs,
-            overwrite=overwrite,
-            xdmf_min_interval=2.0, time_units="s", length_units="m", key=key,
-            coord_points="grid points i L / N, i = 0 .. N-1",
+        new = lambda p, **kw: GridWriter(  # noqa: E731
+            p, coords=coords, variables=variables, extra_dims=extra, attrs=attrs,
+            xdmf_min_interval=2.0, time_units="s", length_units="m",
+            coord_points="grid points i L / N, i = 0 .. N-1", **kw,
         )  # fmt: skip
+        if resume_step is not None:  # the old file must have the layout of a new one
+            return GridWriter.open_existing(path, step=resume_step, xdmf_min_interval=2.0,
+                                            like=new)  # fmt: skip
+        return new(path, overwrite=overwrite, key=key)
 
     def write_frame(self, writer, step, snap, obs) -> None:
         writer.append(step * self.plan.dt, step, self._values(snap, obs))

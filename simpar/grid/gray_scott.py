@@ -187,7 +187,7 @@ def from_config(cfg: Section) -> GridSetup:
     ini = cfg.section("initial")
     size = ini.get("size", [0.08 * L for L in domain.length], length=d, min=0.0)
     noise = ini.get("noise", 0.01, min=0.0)
-    seed = ini.get("seed", 0, kind=int, min=0)
+    seed = ini.get("seed", 0, kind=int, min=0, max=2**63 - 1)
     return GridSetup(
         model=make_model(d, bcs),
         domain=domain,

@@ -204,7 +204,7 @@ def from_config(cfg: Section) -> GridSetup:
             domain.dtype,
         )
     else:
-        seed = ini.get("seed", 0, kind=int, min=0)
+        seed = ini.get("seed", 0, kind=int, min=0, max=2**63 - 1)
         u0 = uniform_random(domain.shape, seed, amplitude, domain.dtype)
     return GridSetup(
         model=make_model(d, bcs, stencil),

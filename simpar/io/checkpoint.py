@@ -141,7 +141,7 @@ def load(
             "--resume", f"no checkpoint {path} to resume from; run without --resume first"
         )
     try:
-        with h5py.File(path, "r") as f:
+        with untrusted.no_plugins(), h5py.File(path, "r") as f:
             step = untrusted.attr(f, "step", path, key, kinds="iu")
             if step < 0:
                 raise ConfigError(key, f"{path}: attribute 'step' is {step}; expected >= 0")

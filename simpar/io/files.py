@@ -15,6 +15,8 @@ Guarantees (issue 10):
 - **No debris.** A temporary file is removed when building it fails; temporary names carry
   the writer's process id, and leftovers of processes that no longer run (killed between
   creation and rename) are removed by the next writer of the same path.
+- **No plugin code.** :func:`no_plugins` switches HDF5's filter-plugin loading off while a
+  file from outside is read (``simpar.io.untrusted``), and restores it after.
 - **Write errors.** :func:`ensure_space` refuses a write that would not fit on the file
   system (``OSError(ENOSPC)`` naming the path) before the file is touched, so earlier frames
   stay intact; :func:`write_error` turns any ``OSError`` of a writer into a
@@ -24,6 +26,7 @@ Guarantees (issue 10):
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import re
@@ -356,3 +359,81 @@ def raise_dealloc_errors():
         sys.unraisablehook, sys.excepthook = previous
     if errors:
         raise errors[0]
+
+
+def _hdf5_library():
+    """ctypes handle of the HDF5 library h5py uses (the same one already loaded), or None."""
+    candidates = []
+    try:
+        with open("/proc/self/maps") as fh:
+            candidates = [line.split()[-1] for line in fh if "libhdf5" in line]
+    except OSError:
+        pass
+    for lib in dict.fromkeys(candidates):
+        base = os.path.basename(lib)
+        if "_hl" in base or not os.path.isfile(lib):
+            continue
+        try:
+            handle = ctypes.CDLL(lib)
+            handle.H5PLset_loading_state  # noqa: B018 (exists)
+            return handle
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+_LIB: list = []
+
+
+def _plugin_state_fns():
+    """(get, set) of HDF5's plugin loading state, or None where not reachable."""
+    setter = getattr(getattr(h5py, "h5pl", None), "set_loading_state", None)
+    getter = getattr(getattr(h5py, "h5pl", None), "get_loading_state", None)
+    if setter is not None and getter is not None:
+        return getter, setter
+    if not _LIB:
+        _LIB.append(_hdf5_library())
+    lib = _LIB[0]
+    if lib is None:
+        return None
+
+    def get() -> int:
+        mask = ctypes.c_uint()
+        if lib.H5PLget_loading_state(ctypes.byref(mask)) < 0:
+            raise OSError("H5PLget_loading_state failed")
+        return int(mask.value)
+
+    def set_(mask: int) -> None:
+        if lib.H5PLset_loading_state(ctypes.c_uint(mask)) < 0:
+            raise OSError("H5PLset_loading_state failed")
+
+    return get, set_
+
+
+def plugin_loading_state() -> int | None:
+    """HDF5's plugin loading mask now (0: off), None where it cannot be read."""
+    fns = _plugin_state_fns()
+    return None if fns is None else fns[0]()
+
+
+@contextlib.contextmanager
+def no_plugins():
+    """HDF5 plugin loading switched off while reading a file from outside, restored after.
+
+    A dataset naming a filter that is not built in would make HDF5 search its plugin
+    directory (``HDF5_PLUGIN_PATH``) and load code from it; with loading off, reading such a
+    dataset fails instead (and :func:`check_storage` refuses it before any read). Where the
+    state cannot be reached (h5py without ``h5pl.set_loading_state`` and no loaded
+    ``libhdf5`` to call), the block runs unchanged.
+    """
+    fns = _plugin_state_fns()
+    if fns is None:
+        yield
+        return
+    get, set_ = fns
+    before = get()
+    set_(0)
+    try:
+        yield
+    finally:
+        set_(before)

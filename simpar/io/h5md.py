@@ -360,7 +360,7 @@ class H5MDWriter:
         return self._scale_cache
 
     @classmethod
-    def open_existing(cls, path: str | os.PathLike, *, step: int) -> H5MDWriter:
+    def open_existing(cls, path: str | os.PathLike, *, step: int, like=None) -> H5MDWriter:
         """Reopen a file written by ``H5MDWriter`` to append frames after ``step`` (restart).
 
         Frames cut short by a kill (values without a ``step``) and every frame with a step
@@ -373,15 +373,23 @@ class H5MDWriter:
         Args:
           path: an existing H5MD file of this writer.
           step: the step of the checkpoint; the last kept frame must have this step.
+          like: ``like(path) -> H5MDWriter`` writing the new file of this run: the file
+            must have its layout (``simpar.io.untrusted.check_layout``); None checks less.
 
         Returns:
           A writer positioned after that frame (``run_status``, where present, is set to
           ``"running"``).
 
         Raises:
-          ValueError: not such a file, or no frame at ``step``.
+          ConfigError (``--resume``): not such a file, no frame at ``step``, or it fails the
+            checks of a file from outside (links, storage, layout), before it is opened for
+            writing; also when it cannot be opened for appending.
         """
-        f = h5py.File(path, "a")
+        from simpar.io.h5md_read import check_h5md_output
+        from simpar.io.untrusted import open_appendable
+
+        check_h5md_output(path, step=step, like=like)
+        f = open_appendable(path)
         try:
             g = _particles_group(f, None, "--resume")
             pos = g["position"]

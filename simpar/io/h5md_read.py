@@ -103,7 +103,7 @@ def read_frame(
         or a damaged or crafted element (the message names the file and the dataset).
     """
     path = os.fspath(path)
-    with h5py.File(path, "r") as f:
+    with untrusted.no_plugins(), h5py.File(path, "r") as f:
         g = _particles_group(f, group, key)
         if g.get("position", getlink=True) is None:
             raise ConfigError(key, f"{path}: no position element in {g.name}")
@@ -266,3 +266,45 @@ def check_box(path, edges, boundary, cell_length: float | None, key: str = "syst
             f"{float(cell_length):g} (cutoff + skin); at most {2**31 - 1} cells fit "
             "int32 indices and the memory available (damaged file, or another unit?)",
         )
+
+
+def check_h5md_output(path, *, step: int | None, like=None, key: str = "--resume") -> None:
+    """Refuse an H5MD output (``simpar.io.h5md``) that ``--resume`` must not append to.
+
+    Every time-dependent element (a ``value`` with an unlimited first axis under
+    ``/particles``, ``/observables`` or ``/parameters``) must be appendable, share
+    ``position``'s ``step`` and ``time`` (hard links to the same datasets) and hold the kept
+    frames. Arguments as :func:`check_grid_output` (``like(path) -> H5MDWriter``).
+
+    Raises:
+      ConfigError: naming the file and the dataset.
+    """
+    with untrusted._checked(path, like, key) as (f, datasets, _):
+        grp = f
+        for name in ("particles", "trajectory", "position"):
+            grp = untrusted.child(grp, name, path, key, dataset=False)
+        value = untrusted.child(grp, "value", path, key)
+        steps = untrusted.child(grp, "step", path, key)
+        time = untrusted.child(grp, "time", path, key)
+        untrusted.check_dataset(value, path, key, shape=(None, None, 3), kinds="f")
+        untrusted.check_dataset(steps, path, key, shape=(None,), dtype="int64")
+        untrusted.check_dataset(time, path, key, shape=(None,), dtype="float64")
+        ids = {"step": steps.id, "time": time.id}
+        elements = []
+        for name, ds in datasets.items():
+            top = name.split("/", 1)[0]
+            if top in ("particles", "observables", "parameters") and name.endswith("/value") \
+                    and ds.maxshape[:1] == (None,):  # fmt: skip
+                untrusted._appendable(path, ds, key)
+                parent = ds.parent
+                for member, oid in ids.items():
+                    other = parent.get(member)
+                    if not isinstance(other, h5py.Dataset) or other.id != oid:
+                        raise ConfigError(key, f"{os.fspath(path)}: {parent.name}/{member} "
+                                          f"is not the shared {grp.name}/{member}")  # fmt: skip
+                elements.append(ds)
+        if value.maxshape[:1] != (None,):
+            untrusted._appendable(path, value, key)
+        total = min(value.shape[0], steps.shape[0])
+        keep = untrusted._steps(path, steps, total, step, key)
+        untrusted._rows(path, [*elements, time], keep, key)

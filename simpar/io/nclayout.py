@@ -310,3 +310,42 @@ def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
     """
     with h5py.File(path, "r") as f:
         return {k: decode_attr(v) for k, v in f.attrs.items()}
+
+
+def check_grid_output(path, *, step: int | None, like=None, key: str = "--resume") -> None:
+    """Refuse a grid output (``simpar.io.netcdf``) that ``--resume`` must not append to.
+
+    Args:
+      path: the output file.
+      step: the checkpoint's step (a frame must sit there); None: no restart step.
+      like: ``like(path) -> GridWriter``: the writer of a new file of this run (the
+        expected layout), or None (then only the generic checks).
+      key: the option named in errors.
+
+    Raises:
+      ConfigError: naming the file and the dataset.
+    """
+    from simpar.errors import ConfigError
+    from simpar.io import untrusted
+
+    with untrusted._checked(path, like, key) as (f, datasets, tmpl):
+        for name in (TIME, STEP):
+            if f.get(name, getlink=True) is None:
+                raise ConfigError(key, f"{os.fspath(path)} is not a simpar grid file (no /{name})")
+        time = untrusted.child(f, TIME, path, key)
+        steps = untrusted.child(f, STEP, path, key)
+        untrusted.check_dataset(time, path, key, shape=(None,), dtype="float64")
+        untrusted.check_dataset(steps, path, key, shape=(None,), dtype="int64")
+        untrusted.check_size(16 * time.shape[0], time.name, path, key)
+        timed = []
+        for ds in datasets.values():
+            dims = variable_dims(ds)
+            if tmpl is not None and ds.name in tmpl and variable_dims(tmpl[ds.name]) != dims:
+                raise ConfigError(key, f"{os.fspath(path)}: dataset {ds.name} has dimensions "
+                                  f"{dims}; expected {variable_dims(tmpl[ds.name])}")  # fmt: skip
+            if dims[:1] == (TIME,):
+                untrusted._appendable(path, ds, key)
+                timed.append(ds)
+        total = min(n_committed(f), steps.shape[0])
+        keep = untrusted._steps(path, steps, total, step, key)
+        untrusted._rows(path, timed, keep, key)

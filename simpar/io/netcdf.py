@@ -308,6 +308,7 @@ class GridWriter:
         step: int | None = None,
         xdmf: bool = True,
         xdmf_min_interval: float = 0.0,
+        like=None,
     ) -> GridWriter:
         """Reopen a file written by :class:`GridWriter` to append more frames.
 
@@ -320,18 +321,24 @@ class GridWriter:
           step: keep only frames with ``step <= step``; None keeps all complete frames.
           xdmf: keep writing the ``path + ".xdmf"`` sidecar.
           xdmf_min_interval: as in :class:`GridWriter`.
+          like: ``like(path) -> GridWriter`` writing the new file of this run: the file
+            must have its layout (``simpar.io.untrusted.check_layout``); None checks less.
 
         Returns:
           A writer positioned after the last kept frame; ``run_status`` is set to
           ``"running"``.
 
         Raises:
-          ConfigError: the file does not exist or is not a grid file (key
-            ``--resume``).
+          ConfigError: the file does not exist, is not a grid file, or fails the checks of
+            a file from outside (links, storage, layout, a frame at ``step``; key
+            ``--resume``), before it is opened for writing.
         """
+        from simpar.io.nclayout import check_grid_output
+
         path = Path(path)
         if not path.is_file():
             raise ConfigError("--resume", f"output file {str(path)!r} does not exist")
+        check_grid_output(path, step=step, like=like)
         try:
             f = h5py.File(path, "a")
         except OSError as e:

@@ -158,7 +158,7 @@ def check_for_resume(output, config_text: str, model: str, expected: dict, optio
     ckio.load_for_resume(output, config_text, model, expected={})
     path = ckio.checkpoint_path(output)
     try:
-        with h5py.File(path, "r") as f:
+        with untrusted.no_plugins(), h5py.File(path, "r") as f:
             g = untrusted.child(f, "state", path, "--resume", dataset=False)
             ds = untrusted.check_group(g, path, "--resume", expected, optional)
             if values is not None:
