@@ -120,7 +120,7 @@ def test_keys_names_what_a_reader_checks(capsys):
     assert '| `physics.stencil` | `"5pt"` | `"5pt"`, `"9pt"` |' in out
     assert "| `time.dt` | required |" in out
     assert "| `output.every` | depends on other keys |" in out
-    assert '| `initial.seed` | `0` | an integer >= 0 | only with `initial.kind = "random"` |' in out
+    assert '| `initial.seed` | `0` | an integer >= 0, <= 9223372036854775807 | only with `initial.kind = "random"` |' in out
     assert main(["keys", "nosuchmodel"]) == 2
     assert "MODEL" in capsys.readouterr().err
 
