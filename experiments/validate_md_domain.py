@@ -40,7 +40,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
 from simpar.config import dumps  # noqa: E402
-from simpar.drive import run_config  # noqa: E402
+from simpar.run import run_config  # noqa: E402
 
 CONFIG = Path(__file__).with_name("lj_melt.toml")
 OBS = ("temperature", "potential_energy", "kinetic_energy", "total_energy", "pressure")

@@ -53,26 +53,8 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_INVALID)
 
 
-# listed in `simpar run --help` (kept equal to the driver's ADAPTERS by tests/test_api.py;
-# importing simpar.drive here would start JAX before --devices is set)
-MODELS = {
-    "heat": "diffusion (explicit finite differences)",
-    "wave": "the wave equation (leapfrog)",
-    "advection": "upwind / MUSCL advection of a scalar",
-    "gray_scott": "Gray-Scott reaction-diffusion",
-    "lbm": "lattice Boltzmann D2Q9 / D3Q19 (lid-driven cavity, shear waves)",
-    "spectral_ns": "pseudo-spectral incompressible flow, 2-D / 3-D (distributed FFT)",
-    "lj": "Lennard-Jones / Morse molecular dynamics (H5MD output)",
-    "nbody": "gravitational N-body, Plummer sphere (H5MD output); direct sum, or\n"
-    + " " * 15
-    + 'particle-mesh with physics.force = "pm" (FFT gravity on pm_mesh nodes,\n'
-    + " " * 15
-    + "experiments/pm_plane_wave.toml, pm_cosmic_web.toml)",
-}
 RUN_EPILOG = (
-    "models ([model] name in the config):\n"
-    + "".join(f"  {k:<12} {v}\n" for k, v in MODELS.items())
-    + "\nexit codes:\n"
+    "exit codes:\n"
     "  0  success; stdout holds one JSON summary (the same keys for every model)\n"
     "  1  failed run (non-finite values, instability): names the step and the setting to\n"
     "     change; every frame before it is kept, run_status = 'failed: ...'\n"
@@ -87,6 +69,18 @@ RUN_EPILOG = (
 )
 
 
+def _models_text() -> str:
+    """The models ``[model] name`` accepts, for ``simpar run --help``: simpar's and the
+    installed plugins' (``simpar.models``; no model module is imported)."""
+    from simpar.models import available
+
+    return (
+        "models ([model] name in the config; plugins: entry-point group simpar.models):\n"
+        + "".join(f"  {k:<12} {v}\n" for k, v in available().items())
+        + "\n"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     from simpar import __version__
 
@@ -97,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="run an experiment from a TOML config",
         description="Run an experiment from a TOML config and write its output file.",
-        epilog=RUN_EPILOG,
+        epilog=_models_text() + RUN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     r.add_argument("config", help="experiment TOML file, e.g. experiments/heat2d.toml")
@@ -253,12 +247,18 @@ def _cmd_info(args) -> int:
     return EXIT_OK
 
 
+class _Wrap:
+    """A periodic axis (what ``simpar.grid.boundary.Periodic`` is to the engines)."""
+
+    periodic = True
+
+
 def _layout(engine: str, mesh: tuple[int, ...], grid: str | None) -> str:
-    """``simpar info --mesh``: the block layout of a heat field on ``grid`` (any model with
-    the same grid and mesh has the same layout)."""
+    """``simpar info --mesh``: the block layout of one periodic field on ``grid`` (any model
+    with the same grid and mesh has the same layout). No model module is imported: the
+    field's model is the bare contract (``simpar.grid.model.GridModel``), never stepped."""
     from simpar.errors import ConfigError
-    from simpar.grid import heat
-    from simpar.grid.boundary import Periodic
+    from simpar.grid.model import GridModel
     from simpar.parallel.engines import make_engine
     from simpar.parallel.layout import describe
     from simpar.parallel.topology import parse_mesh
@@ -266,7 +266,8 @@ def _layout(engine: str, mesh: tuple[int, ...], grid: str | None) -> str:
     shape = parse_mesh(grid) if grid else (256,) * max(2, len(mesh))
     if len(shape) < 2:
         raise ConfigError("--grid", f"give 2 or 3 cell counts joined by 'x', got {grid!r}")
-    model = heat.make_model(len(shape), ((Periodic(), Periodic()),) * len(shape))
+    wrap = ((_Wrap(), _Wrap()),) * len(shape)
+    model = GridModel("layout", len(shape), 1, {"u": wrap}, update=lambda state, params: state)
     return describe(make_engine(engine, model, shape, None if engine == "single" else mesh))
 
 

@@ -10,6 +10,7 @@ what is allowed. ``Section.check_unused()`` reports keys nobody read (typos), wi
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import re
@@ -70,6 +71,28 @@ class Section:
                 raise ConfigError(self.key(name), "must be a table, e.g. [" + self.key(name) + "]")
             self._children[name] = Section(self.data[name], self.key(name))
         return self._children[name]
+
+    @contextlib.contextmanager
+    def hidden(self, name: str):
+        """Within the block, the sub-table ``name`` reads as absent (empty); restored after.
+
+        For a reader that handles a table itself before handing the rest of the config on
+        (``initial.kind = "file"``: the model builds its default initial state, which the
+        file then replaces). What is read of the empty table meanwhile is forgotten.
+        """
+        had, value = name in self.data, self.data.get(name)
+        child = self._children.pop(name, None)
+        self.data[name] = {}
+        try:
+            yield
+        finally:
+            self._children.pop(name, None)
+            if had:
+                self.data[name] = value
+            else:
+                self.data.pop(name, None)
+            if child is not None:
+                self._children[name] = child
 
     def get(
         self,

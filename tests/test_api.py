@@ -259,7 +259,7 @@ def test_version_and_run_help_list_models_and_exit_codes(capsys):
     import pytest as _pytest
 
     import simpar
-    from simpar import cli, drive
+    from simpar import cli, models
 
     with _pytest.raises(SystemExit) as e:
         cli.main(["--version"])
@@ -267,8 +267,8 @@ def test_version_and_run_help_list_models_and_exit_codes(capsys):
     with _pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     text = capsys.readouterr().out
-    assert set(cli.MODELS) == set(drive.ADAPTERS)
-    for name in cli.MODELS:
+    assert set(models.BUILTIN) <= set(models.available())
+    for name in models.available():
         assert f"\n  {name} " in text
     for code in ("0  success", "1  failed run", "2  invalid input"):
         assert code in text

@@ -87,7 +87,7 @@ def test_overwrite_replaces_by_rename_and_never_truncates_an_open_file(tmp_path)
     reader = h5py.File(path, "r")  # another process's view of the old output
     old_inode = os.stat(path).st_ino
     with _grid_writer(path, overwrite=True) as w:
-        w.append(0.0, 0, {"u": np.full((8, 8), 7, np.float32)})
+        w.append(0, 0.0, {"u": np.full((8, 8), 7, np.float32)})
         assert os.stat(path).st_ino != old_inode  # a new file was renamed over the old one
         # the open handle still reads the complete old file
         np.testing.assert_array_equal(reader["u"][:, 0, 0], [0, 1, 2])

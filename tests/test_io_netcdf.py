@@ -87,7 +87,7 @@ def _write(path, shape, n=4, *, close=True, **kw):
     times = 0.1 * np.arange(n) + 0.05
     steps = 10 * np.arange(n)
     for k in range(n):
-        w.append(times[k], steps[k], frames[k])
+        w.append(steps[k], times[k], frames[k])
     if close:
         w.set_status("complete")
         w.close()
@@ -204,7 +204,7 @@ def test_xdmf_nonuniform_coordinates(tmp_path):
     with GridWriter(
         path, coords={"y": y, "x": x}, variables={"c": {"dims": ("time", "y", "x")}}
     ) as w:
-        w.append(0.0, 0, {"c": np.ones((4, 5))})
+        w.append(0, 0.0, {"c": np.ones((4, 5))})
     g = ET.parse(str(path) + ".xdmf").getroot().find("Domain/Grid/Grid")
     assert g.find("Topology").get("TopologyType") == "3DRectMesh"
     geo = g.find("Geometry")
@@ -232,9 +232,9 @@ def test_append_checks_values(tmp_path):
     w, *_ = _write(tmp_path / "run.h5", (6, 8), n=1, close=False)
     good = _frames((6, 8), 1)[0]
     with pytest.raises(ValueError, match="missing values for \\['energy'\\]"):
-        w.append(1.0, 1, {k: v for k, v in good.items() if k != "energy"})
+        w.append(1, 1.0, {k: v for k, v in good.items() if k != "energy"})
     with pytest.raises(ValueError, match="'rho' has shape \\(8, 6\\)"):
-        w.append(1.0, 1, {**good, "rho": np.zeros((8, 6))})
+        w.append(1, 1.0, {**good, "rho": np.zeros((8, 6))})
     w.close()
     assert open_frames(tmp_path / "run.h5")[0].size == 1
     with pytest.raises(ValueError, match="dims"):
@@ -251,7 +251,7 @@ def test_failed_run_status(tmp_path):
         with GridWriter(
             path, coords={"x": np.arange(4.0)}, variables={"a": {"dims": ("time", "x")}}
         ) as w:
-            w.append(0.0, 0, {"a": np.zeros(4)})
+            w.append(0, 0.0, {"a": np.zeros(4)})
             raise RuntimeError("NaN in a")
     assert read_attrs(path)["run_status"] == "failed: RuntimeError: NaN in a"
 
@@ -267,7 +267,7 @@ CRASH = textwrap.dedent(
                               "energy": {"dims": ("time",)}},
                    attrs={"config": "a = 1", "engine": "single"})
     for k in range(3):
-        w.append(0.5 * k, k, {"rho": np.full((6, 8), k, np.float32), "energy": k})
+        w.append(k, 0.5 * k, {"rho": np.full((6, 8), k, np.float32), "energy": k})
     if sys.argv[2] == "partial":  # a 4th frame cut short: data but no time
         w._f["rho"].resize(4, axis=0); w._f["rho"][3] = 99.0; w._f.flush()
     print("written", flush=True)
@@ -308,8 +308,8 @@ def test_killed_writer_leaves_readable_file(tmp_path, mode):
 
     # Resume: drop the cut frame and every frame after step 1, then append.
     w = GridWriter.open_existing(path, step=1)
-    assert w.n_frames == 2 and w.last_step == 1
-    w.append(0.75, 2, {"rho": np.full((6, 8), 7, np.float32), "energy": 7.0})
+    assert w.frames == 2 and w.last_step == 1
+    w.append(2, 0.75, {"rho": np.full((6, 8), 7, np.float32), "energy": 7.0})
     w.set_status("complete")
     w.close()
     with xr.open_dataset(path, engine="h5netcdf") as ds:
@@ -433,10 +433,10 @@ def test_extra_dims(tmp_path):
     }
     with GridWriter(path, coords={"y": y, "x": x}, variables=variables, extra_dims=extra) as w:
         assert list(w.coords) == ["y", "x"]
-        w.append(0.0, 0, {"rho": np.ones((3, 4)), "spectrum": k, "spec_y": np.ones((3, 3))})
+        w.append(0, 0.0, {"rho": np.ones((3, 4)), "spectrum": k, "spec_y": np.ones((3, 3))})
     with GridWriter.open_existing(path) as w:
         assert list(w.coords) == ["y", "x"] and w.variables["spectrum"] == ("time", "k")
-        w.append(1.0, 1, {"rho": np.ones((3, 4)), "spectrum": 2 * k, "spec_y": np.ones((3, 3))})
+        w.append(1, 1.0, {"rho": np.ones((3, 4)), "spectrum": 2 * k, "spec_y": np.ones((3, 3))})
         w.set_status("complete")
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         assert ds.spectrum.dims == ("time", "k") and ds.spec_y.dims == ("time", "k", "y")
@@ -476,6 +476,6 @@ def test_reopen_keeps_an_unmarked_dimension_added_after_step_off_the_mesh(tmp_pa
         nc.close()
     with GridWriter.open_existing(path) as w:
         assert list(w.coords) == ["y", "x"] and w.variables["spectrum"] == ("time", "k")
-        w.append(0.0, 0, {"rho": np.ones((3, 4)), "spectrum": np.ones(2)})
+        w.append(0, 0.0, {"rho": np.ones((3, 4)), "spectrum": np.ones(2)})
     grid = ET.parse(str(path) + ".xdmf").getroot().find("Domain").find("Grid").find("Grid")
     assert grid.find("Topology").get("Dimensions") == "1 3 4"

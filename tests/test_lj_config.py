@@ -15,7 +15,7 @@ import pytest
 
 from simpar.cli import main
 from simpar.config import dumps
-from simpar.drive import run_config
+from simpar.run import run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 LJ = str(ROOT / "experiments/lj_melt.toml")

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from simpar.config import dumps
-from simpar.drive import run_config
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import h5md
 from simpar.particles import checkpoint as particle_checkpoint
 from simpar.particles import decomposed_sim, error_codes, lattice, md, neighbors, potentials, space
+from simpar.run import run_config
 
 F64 = jnp.float64
 

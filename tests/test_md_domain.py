@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 
 from simpar.config import dumps
-from simpar.drive import run_config
 from simpar.errors import ConfigError, SimulationError
 from simpar.parallel.hlo import collectives
 from simpar.particles import decomposed_sim as domain
 from simpar.particles import lattice, md, potentials, space
+from simpar.run import run_config
 
 CELLS = (14, 7, 4)
 STEPS, CHUNK = 200, 100

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from simpar.config import dumps
-from simpar.drive import run_config
 from simpar.errors import ConfigError, SimulationError
 from simpar.parallel.blocks import ENGINES, make_mesh
 from simpar.parallel.halo import PmapComm, ShardMapComm
@@ -25,6 +24,7 @@ from simpar.parallel.ring import ring_sum
 from simpar.parallel.topology import DeviceGrid
 from simpar.particles import nbody as nb
 from simpar.particles.nbody import make_engine, nbody_run
+from simpar.run import run_config
 
 F64 = np.float64
 FORCE_RTOL = 1e-12

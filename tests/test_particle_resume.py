@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
-from simpar import drive
+from simpar import run as drive
 from simpar.cli import main
 from simpar.config import dumps
 from simpar.io import checkpoint, h5md

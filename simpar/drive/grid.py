@@ -23,7 +23,6 @@ from simpar.config import Section
 from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError
 from simpar.grid.model import GridSetup
-from simpar.io.nclayout import check_grid_path
 from simpar.parallel import distributed
 from simpar.parallel.topology import AXIS_NAMES
 
@@ -31,11 +30,81 @@ from simpar.parallel.topology import AXIS_NAMES
 _STATE_FIELDS = {"heat": 1, "wave": 2, "advection": (3, 4), "gray_scott": 2, "lbm": (9.25, 19.25)}
 
 
-def grid_setup(cfg: Section) -> GridSetup:
-    """Build a grid model's set-up from its config (module ``simpar.grid.<name>``)."""
-    name = cfg.section("model", required=True).get("name", kind=str)
-    module = importlib.import_module(f"simpar.grid.{name}")
-    return module.from_config(cfg)
+class GridFamily:
+    """A grid model as the driver runs it: the one model protocol (``simpar.models``) over a
+    set-up function ``from_config(cfg) -> GridSetup``.
+
+    Built by ``simpar.models.grid_model`` (plugins) and below for heat, wave, advection,
+    gray_scott and lbm. Every grid model gets, from here, every engine, netCDF frames, XDMF,
+    checkpoints, ``--resume``, ensembles and ``initial.kind = "file"``.
+
+    Attributes:
+      name: the ``[model] name``; description: a line for ``--help``.
+      shows_layout: ``--show-layout`` is supported.
+    """
+
+    shows_layout = True
+
+    def __init__(self, name: str, from_config, description: str = "a grid model"):
+        self.name, self.description = name, description
+        self._from_config = from_config
+
+    def __repr__(self) -> str:
+        return f"GridFamily({self.name!r})"
+
+    def setup(self, cfg: Section) -> GridSetup:
+        """The model's set-up from its config, the initial state from a file when
+        ``initial.kind = "file"`` (checked against the set-up's own initial state)."""
+        fn = self._from_config
+        if isinstance(fn, str):  # simpar's own models: "module:function", imported here
+            module, _, attr = fn.partition(":")
+            fn = getattr(importlib.import_module(module), attr)
+        ini = cfg.data.get("initial")
+        if not (isinstance(ini, dict) and ini.get("kind") == "file"):
+            setup = fn(cfg)
+            self._check_setup(setup)
+            return setup
+        from simpar.io import initial_file
+
+        path, frame = initial_file.from_config(cfg.section("initial"))
+        with cfg.hidden("initial"):  # the model's default start: its shapes and dtypes
+            setup = fn(cfg)
+        self._check_setup(setup)
+        expected = {k: (np.shape(v), np.asarray(v).dtype) for k, v in setup.state.items()}
+        setup.state = initial_file.read_fields(path, frame, expected)
+        setup.seed = None
+        return setup
+
+    def _check_setup(self, setup) -> None:
+        if not isinstance(setup, GridSetup):
+            raise TypeError(f"model {self.name!r}: from_config must return a GridSetup")
+        if setup.model.name != self.name:
+            raise ValueError(
+                f"model {self.name!r}: its GridModel is named {setup.model.name!r}; use one name"
+            )
+
+    def plan(self, cfg: Section, opts: Options, config_text: str) -> GridPlan:
+        """Read and validate a grid config (``ConfigError`` names the key); nothing
+        allocated on the devices."""
+        return GridPlan(cfg, opts, config_text, self)
+
+
+heat = GridFamily("heat", "simpar.grid.heat:from_config", "diffusion")
+wave = GridFamily("wave", "simpar.grid.wave:from_config", "the wave equation")
+advection = GridFamily("advection", "simpar.grid.advection:from_config", "advection")
+gray_scott = GridFamily("gray_scott", "simpar.grid.gray_scott:from_config", "Gray-Scott")
+lbm = GridFamily("lbm", "simpar.grid.lbm_config:from_config", "lattice Boltzmann")
+BUILTIN = {m.name: m for m in (heat, wave, advection, gray_scott, lbm)}
+"""simpar's grid models (``simpar.models`` lists them with the others)."""
+
+
+def grid_setup(cfg: Section, family: GridFamily | None = None) -> GridSetup:
+    """Build a grid model's set-up from its config (``family``: default the built-in named
+    by ``[model] name``; ``simpar.run.grid_setup`` finds plugins too)."""
+    if family is None:
+        name = cfg.section("model", required=True).get("name", kind=str, choices=tuple(BUILTIN))
+        family = BUILTIN[name]
+    return family.setup(cfg)
 
 
 def _check_memory(cfg: Section, data: dict) -> None:
@@ -68,10 +137,6 @@ def _check_memory(cfg: Section, data: dict) -> None:
     )
 
 
-def _check_path(path, key) -> None:
-    check_grid_path(path, key)  # .nc, .nc4, .h5 or .hdf5; never .h5md, .xdmf, .toml
-
-
 class GridPlan(Plan):
     """A validated grid run (host set-up built; nothing on the devices).
 
@@ -84,13 +149,15 @@ class GridPlan(Plan):
 
     first_step = 0
 
-    def __init__(self, cfg: Section, opts: Options, config_text: str):
+    def __init__(self, cfg: Section, opts: Options, config_text: str, family: GridFamily):
         data = cfg.data
         _check_memory(cfg, data)  # before the set-up allocates the initial state
-        self.setup = setup = grid_setup(cfg)
-        self.ens = ens = ensemble.from_config(cfg, data, grid_setup)  # None without [ensemble]
+        self.family = family
+        self.setup = setup = family.setup(cfg)
+        # None without [ensemble]
+        self.ens = ens = ensemble.from_config(cfg, data, family.setup)
         self.common = c = read_options(
-            cfg, opts, default_path=f"data/runs/{setup.model.name}.nc", check_path=_check_path
+            cfg, opts, default_path=f"data/runs/{setup.model.name}.nc", output="netcdf"
         )
         o = cfg.section("output")
         gather_limit = o.get("gather_limit_gib", 16.0, min=0.0, exclusive_min=True)
@@ -271,7 +338,7 @@ class GridRun(Run):
         else:
             values = {f: np.transpose(fn(snap)) for f, fn in fns.items()}
         values.update({k: v for k, v in obs.items() if k != "nonfinite"})
-        writer.append(step * self.setup.dt, step, values)
+        writer.append(step, step * self.setup.dt, values)
 
     def summary(self, obs0, obs, steps_run, wall) -> dict:
         p, n = self.plan, len(self.member)
@@ -289,10 +356,4 @@ class GridRun(Run):
         )
 
 
-def plan(cfg: Section, opts: Options, config_text: str) -> GridPlan:
-    """Read and validate a grid config (``ConfigError`` names the key); nothing allocated
-    on the devices."""
-    return GridPlan(cfg, opts, config_text)
-
-
-__all__ = ["GridPlan", "GridRun", "grid_setup", "plan"]
+__all__ = ["BUILTIN", "GridFamily", "GridPlan", "GridRun", "grid_setup"]

@@ -23,7 +23,7 @@ import numpy as np
 
 from simpar.config import Section
 from simpar.drive import lj_config
-from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
+from simpar.drive.loop import ModelAdapter, Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError, SimulationError
 from simpar.io.meta import run_metadata
 from simpar.parallel import distributed
@@ -112,7 +112,7 @@ class LJPlan(Plan):
         cfg = self.cfg = lj_config.read_config(root)
         c = self.common = read_options(
             root, opts, default_path=f"data/runs/{cfg['name']}.h5md",
-            check_path=lj_config.check_path,
+            output="h5md",
         )  # fmt: skip
         self.config_text, self.engine, self.dtype = config_text, c.engine, cfg["dtype"]
         self.save_checkpoints = c.checkpoint
@@ -303,3 +303,7 @@ def plan(cfg: Section, opts: Options, config_text: str) -> LJPlan:
     """Read and validate an LJ config (``ConfigError`` names the key); nothing on the
     devices."""
     return LJPlan(cfg, opts, config_text)
+
+
+model = ModelAdapter("lj", plan, "Lennard-Jones / Morse molecular dynamics (H5MD output)")
+"""The LJ / Morse model (``simpar.models``)."""

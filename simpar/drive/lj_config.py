@@ -259,12 +259,6 @@ def _check_thermal_speed(cfg: dict) -> None:
             )
 
 
-def check_path(path, key) -> None:
-    """An LJ output must end in ``.h5md`` (MDAnalysis recognises H5MD by it)."""
-    if not str(path).endswith(".h5md"):
-        raise ConfigError(key, f"must end in .h5md (MDAnalysis needs it), got {str(path)!r}")
-
-
 def _check_restart(path: str, fr: dict) -> None:
     """Refuse an H5MD state that cannot start a run, naming the dataset at fault."""
     traj = "/particles/trajectory"

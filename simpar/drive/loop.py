@@ -26,8 +26,9 @@ that step + multiples of ``output.every``, plus the last step. ``output.every`` 
 tenth of the steps (at least 1); set it explicitly to resume with more steps on the same
 cadence. ``summary["frames"]`` counts the frames in the output file.
 
-Adapters (``simpar.drive.grid``, ``.lj``, ``.nbody``) provide ``plan(cfg, opts, config_text)``
-returning a :class:`Plan` subclass, whose ``build`` returns a :class:`Run` subclass.
+Models (``simpar.models``: ours in ``simpar.drive.grid``, ``.spectral``, ``.lj``, ``.nbody``,
+and plugins) provide ``plan(cfg, opts, config_text)`` returning a :class:`Plan` subclass,
+whose ``build`` returns a :class:`Run` subclass.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from simpar.config import Section
 from simpar.drive.chunks import CHUNK_SECONDS, PROBE_STEPS, ChunkClock, next_chunk
 from simpar.errors import ConfigError, SimulationError
 from simpar.io import checkpoint, untrusted
-from simpar.io.files import check_output_path, status_on_exit, write_error
+from simpar.io.files import check_output_name, check_output_path, status_on_exit, write_error
 from simpar.io.meta import run_summary
 from simpar.parallel import distributed
 from simpar.parallel.blocks import ENGINES, check_engine, default_mesh, require_devices
@@ -214,7 +215,30 @@ class Plan:
         raise NotImplementedError
 
 
-def read_options(cfg: Section, opts: Options, *, default_path: str, check_path=None) -> Common:
+class ModelAdapter:
+    """A model of the one protocol (``simpar.models.Model``) from a plan function.
+
+    Attributes:
+      name: the ``[model] name``; description: one line for ``simpar run --help``.
+      shows_layout: whether ``--show-layout`` is supported (grid models).
+    """
+
+    shows_layout = False
+
+    def __init__(self, name: str, plan, description: str = ""):
+        self.name, self.description, self._plan = name, description, plan
+
+    def __repr__(self) -> str:
+        return f"ModelAdapter({self.name!r})"
+
+    def plan(self, cfg: Section, opts: Options, config_text: str) -> Plan:
+        """Read and validate the config (``ConfigError`` names the key); returns the plan."""
+        return self._plan(cfg, opts, config_text)
+
+
+def read_options(
+    cfg: Section, opts: Options, *, default_path: str, output: str = "netcdf"
+) -> Common:
     """Resolve the options every model shares (the only place they are read).
 
     Args:
@@ -222,8 +246,8 @@ def read_options(cfg: Section, opts: Options, *, default_path: str, check_path=N
         ``output.checkpoint``, ``parallel.engine`` and ``parallel.mesh`` are read here.
       opts: the command-line options.
       default_path: ``output.path`` when absent.
-      check_path: ``(path, key) -> None``, the model's own rule for the output name
-        (e.g. ``.h5md`` for particle runs); raises ``ConfigError``.
+      output: the kind of output file, ``"netcdf"`` (grid files) or ``"h5md"`` (particle
+        trajectories); its naming rule is ``simpar.io.files.check_output_name``.
 
     The requested mesh: ``--mesh``; else, when ``--engine`` (not ``single``) is given with
     ``--devices`` or across processes, none (every device: the command line beats the
@@ -245,8 +269,7 @@ def read_options(cfg: Section, opts: Options, *, default_path: str, check_path=N
     path_key = "--out" if opts.out is not None else "output.path"
     cfg_path = o.get("path", default_path, kind=str)
     path = check_output_path(opts.out if opts.out is not None else cfg_path, path_key)
-    if check_path is not None:
-        check_path(path, path_key)
+    check_output_name(path, path_key, output)
     save = o.get("checkpoint", True, kind=bool)
     par = cfg.section("parallel")
     cfg_engine = par.get("engine", "single", kind=str)
@@ -308,8 +331,10 @@ def device_mesh(
     return out
 
 
-def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
-    """Run one experiment through ``adapter`` (a module with ``plan``); returns the summary.
+def drive(model, data: dict, config_text: str, opts: Options, cfg: Section | None = None) -> dict:
+    """Run one experiment with ``model`` (``simpar.models.Model``); returns the summary.
+
+    ``cfg``: the ``Section`` over ``data`` when the caller has read keys from it already.
 
     In a multi-process run a failure on one process ends all of them
     (``simpar.parallel.distributed.guard``).
@@ -320,13 +345,13 @@ def drive(adapter, data: dict, config_text: str, opts: Options) -> dict:
       simpar.signals.Interrupted: SIGINT/SIGTERM (``run_status = "failed: <reason>"``).
     """
     with distributed.guard() as watch:
-        return _drive(adapter, data, config_text, opts, watch)
+        return _drive(model, data, config_text, opts, watch, cfg)
 
 
-def _drive(adapter, data: dict, config_text: str, opts: Options, watch) -> dict:
+def _drive(model, data: dict, config_text: str, opts: Options, watch, cfg) -> dict:
     """:func:`drive` within its guard (``watch``: ``simpar.parallel.distributed.watch``)."""
-    cfg = Section(data)
-    plan = adapter.plan(cfg, opts, config_text)  # reads every key of its own
+    cfg = Section(data) if cfg is None else cfg
+    plan = model.plan(cfg, opts, config_text)  # reads every key of its own
     cfg.check_unused()
     c: Common = plan.common
     ck, start = None, 0
@@ -365,7 +390,7 @@ def _drive(adapter, data: dict, config_text: str, opts: Options, watch) -> dict:
             path, resume_step=first + start if c.resume else None, overwrite=c.overwrite,
             key=c.path_key,
         )  # fmt: skip
-    frames = int(getattr(writer, "frames", 0) or getattr(writer, "n_frames", 0) or 0)
+    frames = int(writer.frames or 0)  # every writer (and NoWriter) counts its frames
     last_good = f"{path} (frames up to step {first + start})" if c.resume else None
     last_good = last_good or f"{path} (no frame written)"
     kill_after = int(os.environ.get(KILL_ENV, "0") or 0)

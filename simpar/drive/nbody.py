@@ -32,16 +32,10 @@ import numpy as np
 from simpar import precision
 from simpar.config import Section
 from simpar.drive import nbody_output as io
-from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
+from simpar.drive.loop import ModelAdapter, Options, Plan, device_mesh, rate, read_options
+from simpar.drive.nbody_output import BodiesRun
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
-
-
-def _check_path(path, key) -> None:
-    if path.suffix != ".h5md":
-        raise ConfigError(
-            key, f"must end in .h5md (MDAnalysis recognises H5MD by it), got {str(path)!r}"
-        )
 
 
 class NBodyPlan(Plan):
@@ -69,7 +63,7 @@ class NBodyPlan(Plan):
         self.G = phys.get("G", 1.0, kind=float, min=0.0, exclusive_min=True)
         cfg_devices = cfg.section("parallel").get("devices", None, kind=int, min=1)
         c = self.common = read_options(
-            cfg, opts, default_path="data/runs/nbody.h5md", check_path=_check_path
+            cfg, opts, default_path="data/runs/nbody.h5md", output="h5md"
         )
         self.engine, self.config_text = c.engine, config_text
         self.save_checkpoints = c.checkpoint
@@ -128,57 +122,6 @@ class NBodyPlan(Plan):
     def build(self, ck) -> NBodyRun:
         """Place the bodies on the ring's devices and compute their first accelerations."""
         return NBodyRun(self, ck)
-
-
-class BodiesRun(Run):
-    """What the all-pairs and the particle-mesh N-body runs share: observables held between
-    frames, the energy/momentum tracking at each frame and the non-finite check.
-
-    Subclasses set ``_obs`` (the last observables), ``prev``/``step`` (the chunk's first and
-    last step), ``_HINT`` (the setting to change) and ``_track(obs)``.
-    """
-
-    _HINT = "reduce time.dt"
-
-    def observe(self) -> dict:
-        return self._obs
-
-    def at_frame(self, step, obs, first) -> None:
-        self._track(obs)
-
-    def _nonfinite(self, obs) -> str | None:
-        values = np.concatenate([np.atleast_1d(v) for v in obs.values()])
-        if np.all(np.isfinite(values)):
-            return None
-        where = f"between steps {self.prev} and {self.step}" if self.step > self.prev else (
-            f"at step {self.step}")  # fmt: skip
-        return f"non-finite energy or momentum {where} (NaN/inf in positions or velocities)"
-
-    def problem(self, obs, step):
-        why = self._nonfinite(obs)
-        return (why, self._HINT) if why else None
-
-    _OUTPUT: dict = {}  # extra ``nbody_output.open_output`` keywords of the subclass
-
-    def file_attrs(self) -> dict:
-        """The model's ``/parameters`` attributes beyond the run metadata."""
-        raise NotImplementedError
-
-    def open_writer(self, path, *, resume_step, overwrite, key):
-        from simpar.io.h5md import H5MDWriter
-        from simpar.io.meta import run_metadata
-
-        p = self.plan
-        meta = run_metadata(
-            p.config_text, engine=p.engine, mesh=p.mesh, dtype=p.dtype, seed=p.seed,
-            model="nbody",
-        )  # fmt: skip
-        new = lambda path, **kw: io.open_output(  # noqa: E731
-            path, p.n, p.dtype, self.mass, meta | self.file_attrs(), **kw, **self._OUTPUT
-        )
-        if resume_step is not None:  # the old file must have the layout of a new one
-            return H5MDWriter.open_existing(path, step=resume_step, like=new)
-        return new(path, overwrite=overwrite, key=key)
 
 
 class NBodyRun(BodiesRun):
@@ -292,3 +235,9 @@ def plan(cfg: Section, opts: Options, config_text: str) -> Plan:
                 "all-pairs force (physics.force = 'direct') has open boundaries",
             )
     return NBodyPlan(cfg, opts, config_text)
+
+
+model = ModelAdapter(
+    "nbody", plan, "gravitational N-body: all-pairs ring or particle-mesh (H5MD output)"
+)
+"""The N-body model (``simpar.models``): ``physics.force`` picks the ring or the PM plan."""

@@ -32,10 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
+from simpar.drive.loop import Run
 from simpar.io.h5md import H5MDWriter
 from simpar.particles.nbody import Observables
 
-__all__ = ["PM_OBSERVABLES", "observable_values", "open_output"]
+__all__ = ["PM_OBSERVABLES", "BodiesRun", "observable_values", "open_output"]
 
 _OBSERVABLES = (
     "kinetic_energy",
@@ -147,3 +148,54 @@ def open_output(
         key=key,
         unit_system="nbody",
     )
+
+
+class BodiesRun(Run):
+    """What the all-pairs and the particle-mesh N-body runs share: observables held between
+    frames, the energy/momentum tracking at each frame and the non-finite check.
+
+    Subclasses set ``_obs`` (the last observables), ``prev``/``step`` (the chunk's first and
+    last step), ``_HINT`` (the setting to change) and ``_track(obs)``.
+    """
+
+    _HINT = "reduce time.dt"
+
+    def observe(self) -> dict:
+        return self._obs
+
+    def at_frame(self, step, obs, first) -> None:
+        self._track(obs)
+
+    def _nonfinite(self, obs) -> str | None:
+        values = np.concatenate([np.atleast_1d(v) for v in obs.values()])
+        if np.all(np.isfinite(values)):
+            return None
+        where = f"between steps {self.prev} and {self.step}" if self.step > self.prev else (
+            f"at step {self.step}")  # fmt: skip
+        return f"non-finite energy or momentum {where} (NaN/inf in positions or velocities)"
+
+    def problem(self, obs, step):
+        why = self._nonfinite(obs)
+        return (why, self._HINT) if why else None
+
+    _OUTPUT: dict = {}  # extra ``nbody_output.open_output`` keywords of the subclass
+
+    def file_attrs(self) -> dict:
+        """The model's ``/parameters`` attributes beyond the run metadata."""
+        raise NotImplementedError
+
+    def open_writer(self, path, *, resume_step, overwrite, key):
+        from simpar.io.h5md import H5MDWriter
+        from simpar.io.meta import run_metadata
+
+        p = self.plan
+        meta = run_metadata(
+            p.config_text, engine=p.engine, mesh=p.mesh, dtype=p.dtype, seed=p.seed,
+            model="nbody",
+        )  # fmt: skip
+        new = lambda path, **kw: open_output(  # noqa: E731
+            path, p.n, p.dtype, self.mass, meta | self.file_attrs(), **kw, **self._OUTPUT
+        )
+        if resume_step is not None:  # the old file must have the layout of a new one
+            return H5MDWriter.open_existing(path, step=resume_step, like=new)
+        return new(path, overwrite=overwrite, key=key)

@@ -46,18 +46,11 @@ from simpar import precision
 from simpar.config import Section
 from simpar.drive import nbody_output as io
 from simpar.drive.loop import Options, Plan, device_mesh, rate, read_options
-from simpar.drive.nbody import BodiesRun
+from simpar.drive.nbody_output import BodiesRun
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
 
 KINDS = ("plane_wave", "zeldovich")
-
-
-def _check_path(path, key) -> None:
-    if path.suffix != ".h5md":
-        raise ConfigError(
-            key, f"must end in .h5md (MDAnalysis recognises H5MD by it), got {str(path)!r}"
-        )
 
 
 class PMPlan(Plan):
@@ -123,7 +116,7 @@ class PMPlan(Plan):
         self.capacity = pm.get("capacity", None, kind=int, min=1)
         self.migrate = pm.get("migrate", None, kind=int, min=1)
         c = self.common = read_options(
-            cfg, opts, default_path="data/runs/nbody_pm.h5md", check_path=_check_path
+            cfg, opts, default_path="data/runs/nbody_pm.h5md", output="h5md"
         )
         self.engine, self.config_text = c.engine, config_text
         self.save_checkpoints = c.checkpoint

@@ -45,11 +45,10 @@ import numpy as np
 
 from simpar import precision
 from simpar.config import Section
-from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
+from simpar.drive.loop import ModelAdapter, Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError
 from simpar.grid import spectral_ns as S
 from simpar.grid import spectral_ns3d as S3
-from simpar.io.nclayout import check_grid_path
 from simpar.io.netcdf import GridWriter
 from simpar.parallel.spectral_engine import Layout, SpectralEngine
 
@@ -101,10 +100,6 @@ _FORMS = {
     2: _Form(S, "vorticity_hat", 0, ("vorticity",), ("u", "v")),
     3: _Form(S3, "velocity_hat", 1, ("vorticity_x", "vorticity_y", "vorticity_z"), ("u", "v", "w")),
 }
-
-
-def _check_path(path, key) -> None:
-    check_grid_path(path, key)  # .nc, .nc4, .h5 or .hdf5; never .h5md, .xdmf, .toml
 
 
 def _initial(cfg: Section, shape, length, dtype) -> tuple[np.ndarray, int | None]:
@@ -234,7 +229,7 @@ class SpectralPlan(Plan):
             raise ConfigError(o.key("fields"), f"lists a field twice: {fields}")
         self.fields = tuple(fields)
         self.common = c = read_options(
-            cfg, opts, default_path="data/runs/spectral_ns.nc", check_path=_check_path
+            cfg, opts, default_path="data/runs/spectral_ns.nc", output="netcdf"
         )
         self._check_dt(t.key("dt"))
         self.model, self.engine = "spectral_ns", c.engine
@@ -480,7 +475,7 @@ class SpectralRun(Run):
         return new(path, overwrite=overwrite, key=key)
 
     def write_frame(self, writer, step, snap, obs) -> None:
-        writer.append(step * self.plan.dt, step, self._values(snap, obs))
+        writer.append(step, step * self.plan.dt, self._values(snap, obs))
 
     def summary(self, obs0, obs, steps_run, wall) -> dict:
         p = self.plan
@@ -506,4 +501,9 @@ def plan(cfg: Section, opts: Options, config_text: str) -> SpectralPlan:
     return SpectralPlan(cfg, opts, config_text)
 
 
-__all__ = ["CFL_LIMIT", "SpectralPlan", "SpectralRun", "plan"]
+model = ModelAdapter(
+    "spectral_ns", plan, "pseudo-spectral incompressible flow, 2-D / 3-D (distributed FFT)"
+)
+"""The ``spectral_ns`` model (``simpar.models``)."""
+
+__all__ = ["CFL_LIMIT", "SpectralPlan", "SpectralRun", "model", "plan"]

@@ -42,6 +42,35 @@ NAME_MAX = 255  # bytes in one path component (Linux, macOS)
 _TMP_RE = re.compile(r"\.(\d+)\.simpar-tmp$")
 
 
+OUTPUT_KINDS = ("netcdf", "h5md")
+"""Kinds of output file (``simpar.drive.loop.read_options``'s ``output``)."""
+
+
+def check_output_name(path: str | os.PathLike, key: str, kind: str) -> None:
+    """The one naming rule of output files (every model's output goes through it).
+
+    Args:
+      path: the output path; key: the option or config key named in errors.
+      kind: ``"netcdf"`` (a grid file: ``simpar.io.nclayout.GRID_SUFFIXES``) or ``"h5md"`` (a particle trajectory: must end in ``.h5md``, which
+        MDAnalysis recognises H5MD by).
+
+    Raises:
+      ConfigError: a name the rule refuses; ValueError: an unknown ``kind``.
+    """
+    p = Path(os.fspath(path))
+    if kind == "h5md":
+        if p.suffix != ".h5md":
+            raise ConfigError(
+                key, f"must end in .h5md (MDAnalysis recognises H5MD by it), got {str(p)!r}"
+            )
+    elif kind == "netcdf":
+        from simpar.io.nclayout import check_grid_path
+
+        check_grid_path(p, key)  # .nc, .nc4, .h5 or .hdf5; never .h5md, .xdmf, .toml
+    else:
+        raise ValueError(f"output kind {kind!r}; one of {OUTPUT_KINDS}")
+
+
 def check_output_path(path: str | os.PathLike, key: str = "--out") -> Path:
     """Validate an output path before anything is computed or written.
 

@@ -96,7 +96,7 @@ class GridWriter:
                         variables={"rho": {"dims": ("time", "y", "x"), "units": "1"},
                                    "energy": {"dims": ("time",)}},
                         attrs=run_metadata(...)) as w:
-            w.append(t, step, {"rho": rho, "energy": e})
+            w.append(step, t, {"rho": rho, "energy": e})
             w.set_status("complete")
 
     Args:
@@ -294,10 +294,10 @@ class GridWriter:
             and EXTRA_DIM_ATTR not in f[name].attrs
         ]
         self.coords: dict[str, np.ndarray] = {a: f[a][...] for a in axes}
-        self.n_frames = n_committed(f)
+        self.frames = n_committed(f)
         if self._sidecar is not None:
-            t = f[TIME][: self.n_frames]
-            s = f[STEP][: self.n_frames]
+            t = f[TIME][: self.frames]
+            s = f[STEP][: self.frames]
             self._sidecar.frames = [self._xdmf_grid(k, t[k], s[k]) for k in range(len(t))]
 
     @classmethod
@@ -382,16 +382,16 @@ class GridWriter:
     @property
     def last_step(self) -> int | None:
         """Step of the last complete frame, None if there is none."""
-        if self.n_frames == 0:
+        if self.frames == 0:
             return None
-        return int(self._f[STEP][self.n_frames - 1])
+        return int(self._f[STEP][self.frames - 1])
 
-    def append(self, time: float, step: int, values: Mapping[str, np.ndarray]) -> None:
-        """Write one frame and flush it.
+    def append(self, step: int, time: float, values: Mapping[str, np.ndarray]) -> None:
+        """Write one frame and flush it (the same order as ``H5MDWriter.append``).
 
         Args:
-          time: simulation time of the frame, in ``time_units``.
           step: time-step index of the frame.
+          time: simulation time of the frame, in ``time_units``.
           values: one array per variable (NumPy or JAX, any float dtype), shaped as
             the variable's spatial dims (``(ny, nx)``, ``(ny,)``, ``()`` ...); cast to
             the variable's dtype.
@@ -417,7 +417,7 @@ class GridWriter:
                     f"for dims {dims[1:]}"
                 )
             arrays[name] = a.astype(ds.dtype, copy=False)
-        k = self.n_frames
+        k = self.frames
         # refuse a frame that cannot fit before touching the file: earlier frames stay intact
         ensure_space(self.path, sum(a.nbytes for a in arrays.values()))
         # Data first, step, then time LAST: time is the commit marker. Each dataset object
@@ -438,7 +438,7 @@ class GridWriter:
         t.resize(k + 1, axis=0)
         t[k] = float(time)
         self._f.flush()
-        self.n_frames = k + 1
+        self.frames = k + 1
         if self._sidecar is not None:
             self._sidecar.add(self._xdmf_grid(k, time, step), self._f[TIME].shape[0])
 
