@@ -73,7 +73,7 @@ _UNITS = {
     "cfl": ("1", "advective CFL number dt sum_a max|u_a| / dx_a"),
     "spectrum": ("m2 s-2", "kinetic energy in the wavenumber shell"),
 }
-INITIAL = {2: ("taylor_green", "random"), 3: ("taylor_green", "abc")}
+INITIAL = {2: ("taylor_green", "random", "file"), 3: ("taylor_green", "abc", "file")}
 """``initial.kind`` choices per grid dimension."""
 
 
@@ -107,6 +107,14 @@ def _initial(cfg: Section, shape, length, dtype) -> tuple[np.ndarray, int | None
     (1/s), 3-D the velocity ``(3, N_x, N_y, N_z)`` (m/s); NumPy, ``dtype``."""
     ini = cfg.section("initial")
     kind = ini.get("kind", "taylor_green", kind=str, choices=INITIAL[len(shape)])
+    if kind == "file":  # a frame of an earlier output (2-D: vorticity; 3-D: u, v, w)
+        from simpar.io import initial_file
+
+        path, frame = initial_file.from_config(ini)
+        names = ("vorticity",) if len(shape) == 2 else _FORMS[3].velocity
+        got = initial_file.read_fields(path, frame, {n: (tuple(shape), dtype) for n in names})
+        x = got["vorticity"] if len(shape) == 2 else np.stack([got[n] for n in names])
+        return x, None
     if len(shape) == 3:  # the 3-D fields have wavenumber 1 along every axis
         ini.get("wavenumber", 1, kind=int, min=1, max=1)
         amp = ini.get("amplitude", 1.0)
