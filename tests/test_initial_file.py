@@ -112,3 +112,27 @@ def test_a_spectral_run_starts_from_its_own_output(tmp_path):
     with h5py.File(tmp_path / "six.nc") as a, h5py.File(tmp_path / "more.nc") as b:
         assert b["vorticity"].dtype == np.float64
         np.testing.assert_allclose(b["vorticity"][-1], a["vorticity"][-1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_a_pm_run_continues_bit_for_bit_from_an_h5md_frame(tmp_path):
+    """``physics.force = "pm"`` with ``initial.kind = "file"``: the H5MD read LJ has
+    (``simpar.io.h5md_read``, untrusted input), checked against particles.dtype."""
+    data, _ = load("experiments/pm_plane_wave.toml", ["output.every=5"])
+    data["time"]["steps"] = 10
+    run_config(data, dumps(data), out=str(tmp_path / "ten.h5md"), progress=False)
+    data["time"]["steps"] = 5
+    data["initial"] = {"kind": "file", "path": str(tmp_path / "ten.h5md"), "frame": 1}
+    data["particles"] = {"dtype": "float64"}
+    s = run_config(data, dumps(data), out=str(tmp_path / "more.h5md"), progress=False)
+    assert s["frames"] == 2
+    pos = "particles/trajectory/position/value"
+    with h5py.File(tmp_path / "ten.h5md") as a, h5py.File(tmp_path / "more.h5md") as b:
+        np.testing.assert_array_equal(b[pos][0], a[pos][1])
+        np.testing.assert_array_equal(b[pos][-1], a[pos][-1])
+    data["particles"] = {"dtype": "float32"}
+    with pytest.raises(ConfigError, match=r"position is float64 \(1024, 3\); the run needs"):
+        run_config(data, dumps(data), out=str(tmp_path / "x.h5md"), progress=False)
+    data["particles"] = {"dtype": "float64", "lattice": [64, 4, 4]}
+    with pytest.raises(ConfigError, match="particles.lattice: the particles come from"):
+        run_config(data, dumps(data), out=str(tmp_path / "x.h5md"), progress=False)

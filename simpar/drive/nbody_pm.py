@@ -21,7 +21,9 @@ Config keys (defaults in brackets; ``time.steps``, ``output.*`` and ``parallel.e
                 seed [0], dtype ["float64"]
     [initial]   kind = "plane_wave" (amplitude = A0 k in (0, 1) [0.05]) or "zeldovich"
                 (sigma: rms initial density contrast [0.1]; spectral_index [-2.0];
-                velocity ["growing"] | "rest")
+                velocity ["growing"] | "rest"), or "file": path (an H5MD file: positions,
+                velocities, masses and box of frame [-1], the last; particles.lattice and
+                seed are then not given, physics.box defaults to the file's box)
     [time]      dt (> 0), steps (>= 0)
     [pm]        capacity, migrate: particle slots per device and per axis and direction of
                 migration (pmap/shard_map; default: from the initial distribution)
@@ -39,6 +41,7 @@ velocities, accelerations and masses in id order, and the per-device capacities;
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -50,7 +53,7 @@ from simpar.drive.nbody_output import BodiesRun
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
 
-KINDS = ("plane_wave", "zeldovich")
+KINDS = ("plane_wave", "zeldovich", "file")
 
 
 class PMPlan(Plan):
@@ -96,17 +99,21 @@ class PMPlan(Plan):
                 "with physics.force = 'pm' the particles sit on a lattice: set "
                 "particles.lattice = [n0, n1, n2] (N = n0 n1 n2) instead of particles.n",
             )
-        self.lattice = tuple(part.get("lattice", kind=int, length=3, min=1))
-        self.n = math.prod(self.lattice)
-        self.seed = part.get("seed", 0, kind=int, min=0, max=2**63 - 1)
         self.dtype = part.get("dtype", "float64", kind=str, choices=("float32", "float64"))
         precision.require(self.dtype, part.key("dtype"))
         init = cfg.section("initial", required=True)
         self.kind = init.get("kind", kind=str, choices=KINDS)
+        self.frame = None
+        if self.kind == "file":  # a frame of an H5MD file (ours or another code's)
+            self._read_file(init, part, phys)
+        else:
+            self.lattice = tuple(part.get("lattice", kind=int, length=3, min=1))
+            self.n = math.prod(self.lattice)
+            self.seed = part.get("seed", 0, kind=int, min=0, max=2**63 - 1)
         if self.kind == "plane_wave":
             self.amplitude = init.get("amplitude", 0.05, kind=float, min=0.0, max=0.999,
                                       exclusive_min=True)  # fmt: skip
-        else:
+        elif self.kind == "zeldovich":
             self.sigma = init.get("sigma", 0.1, kind=float, min=0.0, exclusive_min=True)
             self.index = init.get("spectral_index", -2.0, kind=float, min=-4.0, max=4.0)
             self.velocity = init.get("velocity", "growing", kind=str, choices=("growing", "rest"))
@@ -142,6 +149,55 @@ class PMPlan(Plan):
             f"{self.n} particles on a {'x'.join(map(str, self.shape))} mesh",
             "reduce particles.lattice or physics.pm_mesh, or use more devices",
         )
+
+    def _read_file(self, init: Section, part: Section, phys: Section) -> None:
+        """``initial.path`` / ``initial.frame`` (default the last): positions, velocities
+        and masses of an H5MD file, checked against the plan (untrusted input:
+        ``simpar.io.h5md_read``). Sets ``frame`` (the host arrays), ``n``, ``seed`` (None)
+        and, when ``physics.box`` is not given, ``box`` from the file's edges."""
+        from simpar.io.h5md_read import read_frame
+
+        path = init.get("path", kind=str)
+        frame = init.get("frame", -1, kind=int)
+        for name in ("lattice", "seed"):
+            if name in part:
+                raise ConfigError(
+                    part.key(name), "the particles come from initial.path (initial.kind = 'file')"
+                )
+        if not Path(path).is_file():
+            raise ConfigError(init.key("path"), f"H5MD file {path!r} not found")
+        key = init.key("path")
+        fr = read_frame(path, frame, key=key)
+        pos, vel, mass = fr["position"], fr["velocity"], fr.get("mass")
+        n, dtype = pos.shape[0], np.dtype(self.dtype)
+        where = f"{path}: /particles/trajectory"
+        if vel is None:
+            raise ConfigError(key, f"{where}/velocity: missing; a PM run needs velocities")
+        for name, a in (("position", pos), ("velocity", vel)):
+            if a.shape != (n, 3) or a.dtype != dtype or not np.all(np.isfinite(a)):
+                raise ConfigError(
+                    key,
+                    f"{where}/{name} is {a.dtype} {a.shape}; the run needs finite {dtype} "
+                    f"({n}, 3) (particles.dtype)",
+                )
+        if mass is not None and (
+            mass.shape != (n,) or not np.all(np.isfinite(mass)) or np.any(mass <= 0)
+        ):
+            raise ConfigError(key, f"{where}/mass must hold {n} finite masses > 0")
+        edges = fr["box"]
+        if edges is not None:
+            edges = np.diag(edges) if np.ndim(edges) == 2 else np.asarray(edges)
+            if "box" not in phys:
+                self.box = tuple(float(e) for e in edges)
+            elif not np.allclose(edges, self.box, rtol=1e-12, atol=0):
+                raise ConfigError(
+                    phys.key("box"),
+                    f"{list(self.box)} differs from the box of {path} ({edges.tolist()}); "
+                    "leave physics.box out to take the file's",
+                )
+        box = np.asarray(self.box, dtype)
+        self.frame = (np.mod(pos, box).astype(dtype), vel, mass)  # periodic: into [0, L)
+        self.n, self.seed, self.lattice = n, None, None
 
     def _check_split(self) -> None:
         """The device mesh must divide the PM mesh and its FFT transposes (``ConfigError``)."""
@@ -196,9 +252,14 @@ class PMRun(BodiesRun):
         self.params = pm.PMParams(jnp.asarray(p.dt, dtype), jnp.asarray(p.G, dtype))
         self.mass = np.full(p.n, 1.0 / p.n, dtype)  # total mass 1
         self.rho0 = 1.0 / math.prod(p.box)
+        if p.frame is not None and p.frame[2] is not None:  # the file's masses
+            self.mass = p.frame[2].astype(dtype)
+            self.rho0 = float(self.mass.astype(np.float64).sum()) / math.prod(p.box)
         if ck is None:
             omega = pm_ics.growth_rate(p.G, 1.0, p.box)
-            if p.kind == "plane_wave":
+            if p.kind == "file":
+                pos, vel = p.frame[0], p.frame[1]
+            elif p.kind == "plane_wave":
                 pos, vel, _ = pm_ics.plane_wave(p.lattice, p.box, p.amplitude)
             else:
                 pos, vel = pm_ics.zeldovich(p.lattice, p.box, p.seed, p.sigma, p.index, omega,
