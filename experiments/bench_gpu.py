@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from simpar.benchmark import memory_bandwidth
-    from simpar.grid import lbm
+    from simpar.grid import lbm_config
     from simpar.particles.nbody import make_params, plummer_sphere
 
     n_heat, n_lbm, cells, n_body, steps = SIZES["small" if args.small else "full"]
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     u0 = [0.01 * rng.standard_normal((n_lbm, n_lbm)) for _ in range(2)]
     for cavity in (False, True):
         walls = (("wall", "wall"), ("wall", "lid")) if cavity else (("periodic",) * 2,) * 2
-        setup = lbm.lattice_setup(
+        setup = lbm_config.lattice_setup(
             (n_lbm, n_lbm),
             walls=walls,
             viscosity=0.05,

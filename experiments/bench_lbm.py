@@ -139,13 +139,13 @@ def main(argv=None) -> int:
         jax.config.update("jax_num_cpu_devices", args.devices)
     import numpy as np
 
-    from simpar.grid import lbm
+    from simpar.grid import lbm_config
 
     n = args.size
     walls = (("wall", "wall"), ("wall", "lid")) if args.walls else (("periodic",) * 2,) * 2
     rng = np.random.default_rng(0)
     u0 = [0.01 * rng.standard_normal((n, n)) for _ in range(2)]
-    setup = lbm.lattice_setup(
+    setup = lbm_config.lattice_setup(
         (n, n),
         walls=walls,
         viscosity=0.05,

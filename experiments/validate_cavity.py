@@ -82,11 +82,11 @@ def run_steady(setup, engine="single", mesh=None, halo=None, max_steps=None, log
 
 def validate(re: int, args) -> dict:
     from simpar import config as cfgmod
-    from simpar.grid import lbm
+    from simpar.grid import lbm_config
     from simpar.io.cavity_plot import ghia_deviation
 
     data, _ = cfgmod.load(CONFIGS[re], args.set)
-    setup = lbm.from_config(cfgmod.Section(data))
+    setup = lbm_config.from_config(cfgmod.Section(data))
     u_lid = float(setup.params["u_wall"][0])
     out = {
         "reynolds": re,

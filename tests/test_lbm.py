@@ -17,7 +17,7 @@ import pytest
 
 from simpar import config as cfgmod
 from simpar.errors import ConfigError
-from simpar.grid import lbm
+from simpar.grid import lbm, lbm_config
 from simpar.io.cavity_plot import ghia_deviation, load_ghia, plot_cavity
 from simpar.parallel.engines import advance_block, make_engine
 from simpar.parallel.halo import LocalComm
@@ -51,7 +51,7 @@ STEPS = 6  # a multiple of every halo width: one compiled loop body per case
 def _noisy(shape, walls, seed=0, u_lid=0.08, dtype="float64", viscosity=0.05):
     rng = np.random.default_rng(seed)
     u0 = [0.02 * rng.standard_normal(shape) for _ in shape]
-    return lbm.lattice_setup(
+    return lbm_config.lattice_setup(
         shape, walls=walls, viscosity=viscosity, u_lid=u_lid, dtype=dtype, u0=u0
     )
 
@@ -125,7 +125,7 @@ def test_shear_wave_decays_at_nu_k2():
     n, amp, nu, steps = 64, 0.01, 0.1, 400
     y = np.arange(n) + 0.5
     u0 = [np.broadcast_to(amp * np.sin(2 * np.pi * y / n), (4, n)), np.zeros((4, n))]
-    s = lbm.lattice_setup((4, n), walls=PERIODIC, viscosity=nu, dtype="float64", u0=u0)
+    s = lbm_config.lattice_setup((4, n), walls=PERIODIC, viscosity=nu, dtype="float64", u0=u0)
     out, _ = run_engine("shard_map", s.model, s.state, s.params, steps, (1, 8), 2)
     a = _shear_amplitude(lbm.populations(out, s.lattice), s.lattice, n)
     k = 2 * np.pi / n
@@ -143,7 +143,7 @@ def test_grad_and_vmap_through_a_run_with_respect_to_viscosity():
     n, amp, steps = 32, 0.01, 100
     y = np.arange(n) + 0.5
     u0 = [np.broadcast_to(amp * np.sin(2 * np.pi * y / n), (2, n)), np.zeros((2, n))]
-    s = lbm.lattice_setup((2, n), walls=PERIODIC, viscosity=0.1, dtype="float64", u0=u0)
+    s = lbm_config.lattice_setup((2, n), walls=PERIODIC, viscosity=0.1, dtype="float64", u0=u0)
     sin = jnp.asarray(np.sin(2 * np.pi * y / n))
 
     def amplitude(nu):
@@ -183,7 +183,7 @@ def _cavity_cfg(n=48, re=100.0, **extra):
 def test_cavity_re100_matches_ghia_on_a_small_grid():
     """48^2, Re = 100, run until max|du| over 500 steps < 1e-6 u_lid: within 0.015 of Ghia
     (measured: u 0.0070, v 0.0025; the experiment holds 128^2 to 0.02)."""
-    s = lbm.from_config(cfgmod.Section(_cavity_cfg()))
+    s = lbm_config.from_config(cfgmod.Section(_cavity_cfg()))
     e = make_engine("single", s.model, s.domain.shape, None, 1)
     st = e.place(s.state)
     u_prev, steps, res = None, 0, np.inf
@@ -201,7 +201,7 @@ def test_cavity_re100_matches_ghia_on_a_small_grid():
 
 
 def test_from_config_outputs_and_units():
-    s = lbm.from_config(cfgmod.Section(_cavity_cfg(n=16)))
+    s = lbm_config.from_config(cfgmod.Section(_cavity_cfg(n=16)))
     names = tuple(f"f{i}" for i in range(9))
     assert lbm.population_names(s.lattice) == names
     assert set(s.model.fields) == {*names, "wall"}
@@ -230,12 +230,12 @@ def test_from_config_outputs_and_units():
 )
 def test_config_errors_name_the_key(change, key, text):
     with pytest.raises(ConfigError) as err:
-        lbm.from_config(cfgmod.Section(_cavity_cfg(n=16, **change)))
+        lbm_config.from_config(cfgmod.Section(_cavity_cfg(n=16, **change)))
     assert err.value.key == key and text in err.value.message
 
 
 def test_cavity_plot_draws_profiles_against_ghia(tmp_path):
-    s = lbm.from_config(cfgmod.Section(_cavity_cfg(n=16)))
+    s = lbm_config.from_config(cfgmod.Section(_cavity_cfg(n=16)))
     ux = s.output["ux"](s.state)
     path = tmp_path / "cav.nc"
     with h5py.File(path, "w") as f:
@@ -257,7 +257,7 @@ def test_shear_wave_config_is_periodic_without_a_wall_field():
         "physics": {"tau": 0.8},
         "initial": {"kind": "shear_wave", "amplitude": 0.02, "mode": 2},
     }
-    s = lbm.from_config(cfgmod.Section(cfg))
+    s = lbm_config.from_config(cfgmod.Section(cfg))
     assert set(s.model.fields) == set(lbm.population_names(s.lattice))
     assert s.model.periodic == (True, True)
     assert float(s.params["viscosity"]) == pytest.approx(0.1)

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from simpar.grid import advection, gray_scott, heat, lbm, wave
+from simpar.grid import advection, gray_scott, heat, lbm_config, wave
 from simpar.grid.boundary import Dirichlet, Neumann, Periodic
 from simpar.grid.domain import Domain
 from simpar.parallel.engines import make_engine
@@ -58,7 +58,7 @@ def _setup(kind, bcs, shape):
             {"u": field(), "v": field()},
             gray_scott.make_params(dom, 2e-5, 1e-5, 0.04, 0.06, 1.0),
         )
-    s = lbm.lattice_setup(
+    s = lbm_config.lattice_setup(
         shape, walls=bcs, viscosity=0.05, u_lid=0.05 if LID in bcs else 0.0, dtype="float64"
     )
     return s.model, s.state, s.params

@@ -48,7 +48,8 @@ edge or corner take the flag of the last walled axis: in the lid-driven cavity t
 corners move with the lid.
 
 The config reader (``from_config``, ``lattice_setup``, ``walls_from_config``,
-``SteadyCriterion``) is :mod:`simpar.grid.lbm_config`; those names are re-exported here.
+``SteadyCriterion``) is :mod:`simpar.grid.lbm_config`, which imports this module (and not
+the other way round).
 """
 
 from __future__ import annotations
@@ -484,19 +485,3 @@ def output_fields(lattice: Lattice) -> dict:
     for a in range(lattice.d):
         out[f"u{AXES[a]}"] = vel(a)
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Re-exports of the config reader
-# --------------------------------------------------------------------------------------------
-_CONFIG_NAMES = ("SteadyCriterion", "from_config", "lattice_setup", "walls_from_config")
-
-
-def __getattr__(name: str):
-    """``lbm.from_config`` etc. live in :mod:`simpar.grid.lbm_config` (which imports this
-    module, hence the lazy re-export; ``simpar.run`` calls ``lbm.from_config``)."""
-    if name in _CONFIG_NAMES:
-        from simpar.grid import lbm_config
-
-        return getattr(lbm_config, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

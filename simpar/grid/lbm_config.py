@@ -1,7 +1,7 @@
 """Lattice Boltzmann set-ups: the ``lbm`` config reader and config-free set-ups.
 
-The physics (lattices, the fused update, moments, output fields) is :mod:`simpar.grid.lbm`,
-which re-exports the names of this module (``lbm.from_config`` is what ``simpar.run`` calls).
+The physics (lattices, the fused update, moments, output fields) is :mod:`simpar.grid.lbm`;
+this module imports it (``simpar.drive.grid.lbm`` runs ``lbm_config.from_config``).
 
 Config (see ``experiments/cavity_re100.toml``)::
 
