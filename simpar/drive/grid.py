@@ -86,6 +86,8 @@ class GridFamily:
     def plan(self, cfg: Section, opts: Options, config_text: str) -> GridPlan:
         """Read and validate a grid config (``ConfigError`` names the key); nothing
         allocated on the devices."""
+        if "model" in cfg:
+            cfg.section("model").get("name", kind=str, choices=(self.name,))
         return GridPlan(cfg, opts, config_text, self)
 
 
