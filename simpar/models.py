@@ -40,31 +40,13 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any, Protocol, runtime_checkable
 
+from simpar.drive import BUILTIN, builtin
 from simpar.errors import ConfigError
 
 ENTRY_POINT_GROUP = "simpar.models"
 """The entry-point group a plugin package declares its models in."""
 
-BUILTIN: dict[str, tuple[str, str]] = {
-    "heat": ("simpar.drive.grid:heat", "diffusion (explicit finite differences)"),
-    "wave": ("simpar.drive.grid:wave", "the wave equation (leapfrog)"),
-    "advection": ("simpar.drive.grid:advection", "upwind / MUSCL advection of a scalar"),
-    "gray_scott": ("simpar.drive.grid:gray_scott", "Gray-Scott reaction-diffusion"),
-    "lbm": (
-        "simpar.drive.grid:lbm",
-        "lattice Boltzmann D2Q9 / D3Q19 (lid-driven cavity, shear waves)",
-    ),
-    "spectral_ns": (
-        "simpar.drive.spectral:model",
-        "pseudo-spectral incompressible flow, 2-D / 3-D (distributed FFT)",
-    ),
-    "lj": ("simpar.drive.lj:model", "Lennard-Jones / Morse molecular dynamics (H5MD output)"),
-    "nbody": (
-        "simpar.drive.nbody:model",
-        "gravitational N-body: all-pairs ring or particle-mesh (H5MD output)",
-    ),
-}
-"""Built-in ``[model] name`` -> (``module:attribute`` of its model object, description)."""
+
 
 
 @runtime_checkable
@@ -98,14 +80,6 @@ def available() -> dict[str, str]:
     return out
 
 
-def _load(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    obj = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def check_model(obj: Any, where: str) -> Model:
     """``obj`` if it implements the model protocol, else a ``ConfigError`` naming ``where``."""
     missing = [a for a in ("name", "plan") if not hasattr(obj, a)]
@@ -130,7 +104,7 @@ def lookup(name: str, key: str = "model.name") -> Model:
         entry point that fails to load or is not a model (names the entry point).
     """
     if name in BUILTIN:
-        return _load(BUILTIN[name][0])
+        return builtin(name)
     eps = _entry_points()
     if name not in eps:
         raise ConfigError(

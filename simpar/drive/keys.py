@@ -20,7 +20,6 @@ current).
 from __future__ import annotations
 
 import copy
-import importlib
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
@@ -197,13 +196,9 @@ def _toml(value: Any) -> str:
 
 def _adapter(model: str):
     """The object whose ``plan(cfg, opts, config_text)`` reads the ``model``'s config."""
-    try:
-        from simpar.models import lookup  # the model registry, where there is one
-    except ImportError:
-        from simpar.drive import ADAPTERS  # else the driver's table of adapter modules
+    from simpar.drive import builtin
 
-        return importlib.import_module(ADAPTERS[model])
-    return lookup(model)
+    return builtin(model)
 
 
 def trace(model: str) -> dict[str, Key]:
