@@ -125,6 +125,15 @@ def test_a_config_names_a_model_never_a_module(tmp_path):
     assert set(models.BUILTIN) <= set(models.available())
     with pytest.raises(ConfigError, match="not a simpar model"):
         run_config(data, dumps(data), model=object(), out=str(tmp_path / "x.nc"))
+    # a reader that breaks the contract: one line naming the model
+    import tomllib
+
+    wrong = models.grid_model("phase_field", _load_example().from_config)
+    data = tomllib.loads((EXAMPLE / "allen_cahn.toml").read_text())
+    data["model"]["name"] = "phase_field"
+    with pytest.raises(ConfigError, match="'phase_field': its GridModel is named 'allen_cahn'"):
+        run_config(data, dumps(data), model=wrong, out=str(tmp_path / "x.nc"))
+    assert not (tmp_path / "x.nc").exists()
 
 
 def test_the_command_line_imports_no_model_module():

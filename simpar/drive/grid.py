@@ -20,6 +20,7 @@ import numpy as np
 
 from simpar import ensemble
 from simpar.config import Section
+from simpar.drive import BUILTIN as _NAMES
 from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError
 from simpar.grid.model import GridSetup
@@ -76,11 +77,16 @@ class GridFamily:
         return setup
 
     def _check_setup(self, setup) -> None:
+        """A model's reader broke the contract: one line naming the model (exit 2)."""
         if not isinstance(setup, GridSetup):
-            raise TypeError(f"model {self.name!r}: from_config must return a GridSetup")
+            raise ConfigError(
+                "model.name", f"{self.name!r}: from_config returned {type(setup).__name__}, "
+                "not a simpar.grid.model.GridSetup",
+            )  # fmt: skip
         if setup.model.name != self.name:
-            raise ValueError(
-                f"model {self.name!r}: its GridModel is named {setup.model.name!r}; use one name"
+            raise ConfigError(
+                "model.name",
+                f"{self.name!r}: its GridModel is named {setup.model.name!r}; use one name",
             )
 
     def plan(self, cfg: Section, opts: Options, config_text: str) -> GridPlan:
@@ -91,11 +97,11 @@ class GridFamily:
         return GridPlan(cfg, opts, config_text, self)
 
 
-heat = GridFamily("heat", "simpar.grid.heat:from_config", "diffusion")
-wave = GridFamily("wave", "simpar.grid.wave:from_config", "the wave equation")
-advection = GridFamily("advection", "simpar.grid.advection:from_config", "advection")
-gray_scott = GridFamily("gray_scott", "simpar.grid.gray_scott:from_config", "Gray-Scott")
-lbm = GridFamily("lbm", "simpar.grid.lbm_config:from_config", "lattice Boltzmann")
+heat = GridFamily("heat", "simpar.grid.heat:from_config", _NAMES["heat"][1])
+wave = GridFamily("wave", "simpar.grid.wave:from_config", _NAMES["wave"][1])
+advection = GridFamily("advection", "simpar.grid.advection:from_config", _NAMES["advection"][1])
+gray_scott = GridFamily("gray_scott", "simpar.grid.gray_scott:from_config", _NAMES["gray_scott"][1])
+lbm = GridFamily("lbm", "simpar.grid.lbm_config:from_config", _NAMES["lbm"][1])
 BUILTIN = {m.name: m for m in (heat, wave, advection, gray_scott, lbm)}
 """simpar's grid models (``simpar.models`` lists them with the others)."""
 
