@@ -158,7 +158,7 @@ def test_coordinate_labels_and_lattice_units(tg_run):
     import numpy as np
 
     from simpar import config as cfgmod
-    from simpar.grid import lbm
+    from simpar.grid import lbm_config
 
     with h5py.File(tg_run[0]) as f:
         for a in ("x", "y"):
@@ -172,7 +172,7 @@ def test_coordinate_labels_and_lattice_units(tg_run):
         "physics": {"reynolds": 100.0, "u_lid": 0.1},
         "time": {"steps": 10},
     }
-    model = lbm.from_config(cfgmod.Section(cfg)).model
+    model = lbm_config.from_config(cfgmod.Section(cfg)).model
     for name in ("ux", "uy"):
         assert model.units[name] == "1"
         assert "lattice units" in model.long_names[name]

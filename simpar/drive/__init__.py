@@ -35,7 +35,8 @@ BUILTIN: dict[str, tuple[str, str]] = {
     "lj": ("simpar.drive.lj:model", "Lennard-Jones / Morse molecular dynamics (H5MD output)"),
     "nbody": (
         "simpar.drive.nbody:model",
-        "gravitational N-body: all-pairs ring or particle-mesh (H5MD output)",
+        "gravitational N-body, Plummer sphere (H5MD output); direct sum, or particle-mesh "
+        'with physics.force = "pm" (experiments/pm_plane_wave.toml, pm_cosmic_web.toml)',
     ),
 }
 """Built-in ``[model] name`` -> (``module:attribute`` of its model object, description)."""

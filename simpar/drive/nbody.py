@@ -237,7 +237,5 @@ def plan(cfg: Section, opts: Options, config_text: str) -> Plan:
     return NBodyPlan(cfg, opts, config_text)
 
 
-model = ModelAdapter(
-    "nbody", plan, "gravitational N-body: all-pairs ring or particle-mesh (H5MD output)"
-)
+model = ModelAdapter("nbody", plan, "gravitational N-body: direct sum or particle-mesh")
 """The N-body model (``simpar.models``): ``physics.force`` picks the ring or the PM plan."""
