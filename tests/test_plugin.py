@@ -70,7 +70,8 @@ def _small(config: dict, **over) -> dict:
 
     data = copy.deepcopy(config)
     data["grid"]["shape"] = [16, 16]
-    data["time"]["steps"], data["output"]["every"] = 8, 4
+    data["time"]["steps"] = 8
+    data.setdefault("output", {})["every"] = 4
     for k, v in over.items():
         a, b = k.split(".")
         data.setdefault(a, {})[b] = v
