@@ -50,7 +50,7 @@ def _grid_like(ensemble: int | None, spectral: bool):
         values = {"u": np.full(shape + (4, 5), s, np.float32), "energy": np.full(shape, 1.0 * s)}
         if spectral:
             values["spectrum"] = np.arange(3.0) * s
-        w.append(0.1 * s, s, values)
+        w.append(s, 0.1 * s, values)
 
     return like, frame
 
