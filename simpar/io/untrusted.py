@@ -49,6 +49,18 @@ def _name(obj) -> str:
     return obj.name if getattr(obj, "name", None) else "/"
 
 
+def _refuse_link(path, where: str, link, key: str) -> None:
+    """``ConfigError`` naming the file and the member ``where`` unless ``link`` is a hard
+    link (a soft or external link could point simpar at another file's data)."""
+    if not isinstance(link, h5py.HardLink):
+        kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
+        raise ConfigError(
+            key,
+            f"{os.fspath(path)}: {where} is {kind}; links are refused (a file from outside "
+            "could point simpar at another file's data)",
+        )
+
+
 def child(group: h5py.Group, name: str, path, key: str, *, dataset: bool | None = True):
     """``group[name]`` after checking that it is a hard link (never followed outside the file).
 
@@ -70,13 +82,7 @@ def child(group: h5py.Group, name: str, path, key: str, *, dataset: bool | None 
     link = group.get(name, getlink=True)
     if link is None:
         raise ConfigError(key, f"{os.fspath(path)}: no {where}")
-    if not isinstance(link, h5py.HardLink):
-        kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
-        raise ConfigError(
-            key,
-            f"{os.fspath(path)}: {where} is {kind}; links are refused (a file from outside "
-            "could point simpar at another file's data)",
-        )
+    _refuse_link(path, where, link, key)
     obj = group[name]
     if dataset is None:
         return obj
@@ -190,13 +196,7 @@ def check_links(f: h5py.File, path, key: str) -> dict[str, h5py.Dataset]:
     links: list[tuple[str, object]] = []
     f.visititems_links(lambda name, link: links.append((name, link)))
     for name, link in links:
-        if not isinstance(link, h5py.HardLink):
-            kind = "an external link" if isinstance(link, h5py.ExternalLink) else "a soft link"
-            raise ConfigError(
-                key,
-                f"{os.fspath(path)}: /{name} is {kind}; links are refused (a file from outside "
-                "could point simpar at another file's data)",
-            )
+        _refuse_link(path, f"/{name}", link, key)
     out = {}
     for name, _ in links:
         obj = f[name]
