@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -94,3 +97,19 @@ def assert_same_field(got, ref, msg: str = "") -> None:
         np.testing.assert_array_equal(got, ref, err_msg=msg)
     else:
         np.testing.assert_allclose(got, ref, rtol=0, atol=ENGINE_ATOL, err_msg=msg)
+
+
+def fresh_python(code: str, root, **env) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with ``root`` on ``PYTHONPATH`` and cwd ``root``:
+    JAX not yet configured, so 64-bit JAX is off (``JAX_ENABLE_X64`` removed); ``env`` adds
+    variables. Returns the completed process (stdout/stderr as text, 300 s limit)."""
+    e = dict(os.environ, PYTHONPATH=str(root), **env)
+    e.pop("JAX_ENABLE_X64", None)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=e,
+        cwd=root,
+        timeout=300,
+    )

@@ -3,30 +3,20 @@
 import contextlib
 import io
 import json
-import os
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from simpar.testing import fresh_python
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter (JAX not yet configured: x64 off by default)."""
-    e = dict(os.environ, PYTHONPATH=str(ROOT), **env)
-    e.pop("JAX_ENABLE_X64", None)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=e,
-        cwd=ROOT,
-        timeout=300,
-    )
+    """``code`` in a fresh interpreter (x64 off): ``simpar.testing.fresh_python``."""
+    return fresh_python(code, ROOT, **env)
 
 
 PRECISION = """

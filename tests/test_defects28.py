@@ -1,29 +1,19 @@
 """Issue 28 item 4: the defects a new user met, one test each (fast tier)."""
 
 import json
-import os
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from simpar.testing import fresh_python
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _python(code: str) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter: JAX not configured, so 64-bit JAX is off."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("JAX_ENABLE_X64", None)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter (x64 off): ``simpar.testing.fresh_python``."""
+    return fresh_python(code, ROOT, **env)
 
 
 KERNELS_F64 = """
