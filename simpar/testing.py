@@ -99,6 +99,20 @@ def assert_same_field(got, ref, msg: str = "") -> None:
         np.testing.assert_allclose(got, ref, rtol=0, atol=ENGINE_ATOL, err_msg=msg)
 
 
+#: the test set-up's settings that a user's new shell does not have
+TEST_ONLY_VARIABLES = ("XLA_FLAGS", "JAX_ENABLE_X64", "JAX_NUM_CPU_DEVICES", "PYTHONSTARTUP")
+
+
+def user_shell_env(root, keep_xla_flags: bool = False, **env) -> dict:
+    """The environment of a user's new shell with ``root`` on ``PYTHONPATH``: none of the test
+    set-up's JAX settings (``TEST_ONLY_VARIABLES``; ``XLA_FLAGS`` kept when asked, for checks
+    that compare bitwise with FMA off); ``env`` adds variables."""
+    drop = [v for v in TEST_ONLY_VARIABLES if not (keep_xla_flags and v == "XLA_FLAGS")]
+    e = {k: v for k, v in os.environ.items() if k not in drop}
+    e.update(PYTHONPATH=str(root), **env)
+    return e
+
+
 def fresh_python(code: str, root, **env) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter with ``root`` on ``PYTHONPATH`` and cwd ``root``:
     JAX not yet configured, so 64-bit JAX is off (``JAX_ENABLE_X64`` removed); ``env`` adds

@@ -16,7 +16,6 @@
   /home, /Users or /scratch).
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from simpar.cli import main
+from simpar.testing import user_shell_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -54,12 +54,6 @@ def _blocks(lang: str) -> list:
     return out
 
 
-def _fresh_env() -> dict:
-    """The environment of a user's new shell: none of the test set-up's JAX settings."""
-    drop = ("XLA_FLAGS", "JAX_ENABLE_X64", "JAX_NUM_CPU_DEVICES", "PYTHONSTARTUP")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env["PYTHONPATH"] = str(ROOT)
-    return env
 
 
 def test_the_pages_have_code_blocks():
@@ -71,7 +65,7 @@ def test_python_block_runs_alone_in_a_fresh_process(code, tmp_path):
     script = tmp_path / "block.py"
     script.write_text(code)
     r = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=_fresh_env(),
+        [sys.executable, str(script)], capture_output=True, text=True, env=user_shell_env(ROOT),
         cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, f"{code}\n{r.stderr[-3000:]}"

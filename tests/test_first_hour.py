@@ -11,7 +11,6 @@ line's stdout contract and help text.
 """
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from simpar.cli import main
+from simpar.testing import user_shell_env
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -34,10 +34,6 @@ def _section(title: str, text: str = README) -> str:
     return text[start : end if end > 0 else None]
 
 
-def _fresh_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONSTARTUP")}
-    env["PYTHONPATH"] = str(ROOT)
-    return env
 
 
 def test_quick_start_comes_first():
@@ -62,7 +58,7 @@ def test_own_grid_model_example_runs_on_all_four_engines_in_a_fresh_process(tmp_
     script = tmp_path / "my_model.py"
     script.write_text(code)
     r = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=_fresh_env(),
+        [sys.executable, str(script)], capture_output=True, text=True, env=user_shell_env(ROOT),
         cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
