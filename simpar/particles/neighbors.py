@@ -44,6 +44,9 @@ _BIG = np.iinfo(np.int32).max  # sort key of the sentinel entries
 # pinned core) builds in 0.25 s at 256 against 0.29 s at 4,096 (best of 5, three interleaved
 # pairs), with smaller temporaries; the list is the same
 BUILD_BLOCK_CPU = 256
+# most 32-bit words of candidates per row compacted by one unrolled pass (``_compact_words``;
+# the cell lists' 25 or 9 columns); more (all-pairs candidates) use the (B, m, W) search
+_UNROLL_WORDS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,28 +114,58 @@ class NeighborList(NamedTuple):
         return self.error != 0
 
 
-def _compact_words(mask, m):
+def _compact_words(mask, m, picks=()):
     """Positions of the first ``m`` True entries of each row of ``mask``.
 
     ``mask`` is bool[B, W, S] with S <= 32: each (row, w) group is packed into a 32-bit
     word, so the k-th True entry is found with popcounts (a binary search inside the word)
     instead of a scatter or a sort, which are slow on CPU.
 
+    Args:
+      mask: bool[B, W, S].
+      m: outputs per row.
+      picks: int32[B, W] arrays (only with W <= ``_UNROLL_WORDS``): each is read at the
+        word of every output, without a gather.
+
     Returns:
-      (src, count): int32[B, m] flat positions ``w * S + s`` (``W * S`` where a row has
-      fewer than ``m`` entries) and int32[B] the number of True entries per row.
+      (src, count, picked): int32[B, m] flat positions ``w * S + s`` (``W * S`` where a row
+      has fewer than ``m`` entries), int32[B] the number of True entries per row, and
+      int32[B, m] per pick its value at the output's word (0 past the row's entries).
     """
     b, w, s = mask.shape
     one = jnp.uint32(1)
     bit = jnp.left_shift(one, jnp.arange(s, dtype=jnp.uint32))
     word = jnp.sum(jnp.where(mask, bit, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)
     cnt = jax.lax.population_count(word).astype(jnp.int32)  # (B, W)
-    cum = jnp.cumsum(cnt, axis=1)
     t = jnp.arange(m, dtype=jnp.int32)
-    grp = jnp.sum(cum[:, None, :] <= t[None, :, None], axis=-1, dtype=jnp.int32)
-    grp_c = jnp.minimum(grp, w - 1)
-    rank = t[None] - jnp.take_along_axis(cum - cnt, grp_c, axis=1)
-    wd = jnp.take_along_axis(word, grp_c, axis=1)
+    if w <= _UNROLL_WORDS:
+        # one pass over the words, elementwise over (B, m): output t lies in word k when
+        # cum[k-1] <= t < cum[k]; no (B, m, W) temporary and no gathers (in.lj float64, one
+        # core: the whole build 0.68x)
+        grp = jnp.full((b, m), w, jnp.int32)
+        first = jnp.zeros((b, m), jnp.int32)
+        wd = jnp.zeros((b, m), jnp.uint32)
+        picked = [jnp.zeros((b, m), jnp.int32) for _ in picks]
+        run = jnp.zeros((b, 1), jnp.int32)
+        for k in range(w):
+            nxt = run + cnt[:, k : k + 1]
+            here = (run <= t) & (t < nxt)
+            grp = jnp.where(here, k, grp)
+            first = jnp.where(here, run, first)
+            wd = jnp.where(here, word[:, k : k + 1], wd)
+            picked = [jnp.where(here, p[:, k : k + 1], q)
+                      for p, q in zip(picks, picked, strict=True)]  # fmt: skip
+            run = nxt
+        rank, total = t[None] - first, run[:, 0]
+    else:
+        if picks:
+            raise ValueError(f"picks need at most {_UNROLL_WORDS} words, got {w}")
+        cum = jnp.cumsum(cnt, axis=1)
+        grp = jnp.sum(cum[:, None, :] <= t[None, :, None], axis=-1, dtype=jnp.int32)
+        grp_c = jnp.minimum(grp, w - 1)
+        rank = t[None] - jnp.take_along_axis(cum - cnt, grp_c, axis=1)
+        wd = jnp.take_along_axis(word, grp_c, axis=1)
+        total, picked = cum[:, -1], []
     pos = jnp.zeros_like(rank)
     step = 1 << (max(s - 1, 1).bit_length() - 1)
     while step >= 1:
@@ -141,8 +174,8 @@ def _compact_words(mask, m):
         low = jnp.where(trial >= 32, wd, low)
         pos = jnp.where(jax.lax.population_count(low).astype(jnp.int32) <= rank, trial, pos)
         step //= 2
-    src = jnp.where(grp < w, grp_c * s + pos, w * s)
-    return src, cum[:, -1]
+    src = jnp.where(grp < w, grp * s + pos, w * s)
+    return src, total, picked
 
 
 def _split(n: int) -> tuple[int, int]:
@@ -200,7 +233,13 @@ def build(
         def candidates(blocked):
             (i,) = blocked
             ok = jnp.broadcast_to(cand < n, (blk, nw, ns))
-            return jnp.broadcast_to(jnp.minimum(cand, n - 1), (blk, nw, ns)), ok, i
+            sidx = jnp.broadcast_to(jnp.minimum(cand, n - 1), (blk, nw, ns))
+
+            def locate(src, _picked):  # the candidates of the outputs: a gather
+                flat = sidx.reshape(blk, -1)
+                return jnp.take_along_axis(flat, jnp.minimum(src, flat.shape[1] - 1), axis=1)
+
+            return sidx, ok, i, (), locate
 
     else:
         order, s_a, len_a, s_b, len_b = cells.column_ranges(
@@ -219,7 +258,25 @@ def build(
             ok = slot < la + lb[..., None]
             ncol = sidx.shape[1]
             sidx = jnp.where(ok, sidx, 0).reshape(blk, ncol * nw, ns)
-            return sidx, ok.reshape(blk, ncol * nw, ns), i_sorted
+            words = ncol * nw
+            if words > _UNROLL_WORDS:
+                picks = ()
+
+                def locate(src, _picked):
+                    flat = sidx.reshape(blk, -1)
+                    return jnp.take_along_axis(flat, jnp.minimum(src, words * ns - 1), axis=1)
+
+            else:
+                # each output's column start / length read at its word (no gather of the
+                # (B, W * S) candidates): its sorted index from the column ranges
+                picks = tuple(jnp.repeat(x[..., 0], nw, axis=1) for x in (sa, la, sb))
+
+                def locate(src, picked):
+                    p_sa, p_la, p_sb = picked
+                    at = src - (src // (nw * ns)) * (nw * ns)  # slot within the column
+                    return jnp.where(at < p_la, p_sa + at, p_sb + at - p_la)
+
+            return sidx, ok.reshape(blk, words, ns), i_sorted, picks, locate
 
     rpad, vpad = pad(r), pad(valid)
     rs_soa = [rs[:, d] for d in range(3)]
@@ -249,7 +306,7 @@ def build(
         ri, vi = sl(rpad), sl(vpad)
         same = True
         ci = sl(cpad) if images else None
-        sidx, ok, i_sorted = candidates(blocked)
+        sidx, ok, i_sorted, picks, locate = candidates(blocked)
         r2 = jnp.zeros(sidx.shape, r.dtype)
         for d in range(3):  # one coordinate at a time: vectorises better on CPU
             dx = ri[:, d, None, None] - rs_soa[d][sidx]
@@ -265,13 +322,13 @@ def build(
         if vs is not None:
             mask = mask & vs[sidx]
         mask = mask & vi[:, None, None]
-        src, cnt = _compact_words(mask, m)
-        flat = sidx.reshape(blk, -1)
-        got = jnp.take_along_axis(flat, jnp.minimum(src, flat.shape[1] - 1), axis=1)
+        src, cnt, picked = _compact_words(mask, m, picks)
+        got = locate(src, picked)
+        have = src < sidx.shape[1] * sidx.shape[2]
         if by_id is None:  # each row sorted here, in its block: no whole-list temporaries
-            idx = jnp.sort(jnp.where(src < flat.shape[1], order[got], n), axis=1)  # n: last
+            idx = jnp.sort(jnp.where(have, order[got], n), axis=1)  # n: last
         else:  # by id rank (the sentinel's rank is n), one gather through ``rank[order]``
-            idx = by_id[jnp.sort(jnp.where(src < flat.shape[1], rank_of_sorted[got], n), axis=1)]
+            idx = by_id[jnp.sort(jnp.where(have, rank_of_sorted[got], n), axis=1)]
         if spec.cells is None:
             col = jnp.int32(0)
         else:
