@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 
 import jax
@@ -30,17 +29,8 @@ import jax.numpy as jnp  # noqa: E402
 import lammps_peer  # noqa: E402
 from bench_md import _system  # noqa: E402
 
+from simpar.benchmark import environment  # noqa: E402
 from simpar.particles import md, neighbors  # noqa: E402
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main() -> None:
@@ -75,7 +65,7 @@ def main() -> None:
                        "lammps_builds": lam and lam["neighbor_builds"]})  # fmt: skip
     s_best = min(x["simpar_build_s"] for x in rounds)
     out = {
-        "cpu_model": _cpu_model(),
+        **environment(),
         "affinity": sorted(cpus),
         "atoms": int(pos.shape[0]),
         "spec": {"cells": spec.cells, "reach": spec.reach, "max_neighbors": spec.max_neighbors,
