@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from simpar.particles import neighbors, space
+from simpar.particles import cells, neighbors, space
 
 N, BOX, CUT, SKIN = 1500, np.array([9.0, 7.5, 12.0]), 1.2, 0.3
 
@@ -56,10 +56,13 @@ def test_cell_lists_equal_brute_force(system):
     """The sized layout (reach 2: 25 column words) and reach 1 with columns of 40 entries
     (9 columns of two words each) give the brute-force list exactly."""
     r, valid, spc, ref = system
-    spec, _ = neighbors.allocate(spc, r, valid, cutoff=CUT, skin=SKIN)
-    assert spec.cells is not None and spec.reach == 2
+    rad = CUT + SKIN
+    spec = neighbors.NeighborSpec(
+        N, ref.shape[1] + 8, rad, SKIN, True, tuple(int(c) for c in np.floor(BOX * 2 / rad)),
+        2, 24, block=256,
+    )  # fmt: skip
     _check(spec, spc, r, valid, ref)
-    cells = tuple(int(c) for c in np.floor(BOX / (CUT + SKIN)))
+    cells = tuple(int(c) for c in np.floor(BOX / rad))
     one = dataclasses.replace(spec, cells=cells, reach=1, column_capacity=40, block=128)
     _check(one, spc, r, valid, ref)
 
@@ -81,6 +84,6 @@ def test_all_pairs_past_the_unrolled_words_and_id_order(system):
     v2 = np.ones(n2, bool)
     ref2 = _brute(r2, v2, BOX)
     spec2, _ = neighbors.allocate(spc, r2, v2, cutoff=CUT, skin=SKIN, all_pairs=True)
-    assert neighbors._split(n2)[0] > neighbors._UNROLL_WORDS
+    assert cells.split_words(n2)[0] > cells.UNROLL_WORDS
     nb = jax.jit(neighbors.build, static_argnums=0)(spec2, spc, jnp.asarray(r2), v2)
     np.testing.assert_array_equal(np.asarray(nb.idx)[:, : ref2.shape[1]], ref2)
