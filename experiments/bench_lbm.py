@@ -49,6 +49,7 @@ not speed-up.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -66,11 +67,11 @@ CASES = (  # (engine, mesh, halo): halo 1 = one exchange per step, what the LBM 
 )
 
 
-def bench_case(setup, engine: str, mesh, halo, steps: int, repeats: int) -> dict:
+def bench_case(setup, engine: str, mesh, halo, steps: int, repeats: int, model=None) -> dict:
     from simpar.benchmark import bytes_per_step, time_engine
     from simpar.parallel.engines import make_engine
 
-    e = make_engine(engine, setup.model, setup.domain.shape, mesh, halo)
+    e = make_engine(engine, model or setup.model, setup.domain.shape, mesh, halo)
     s_per_step = time_engine(e, setup.state, setup.params, steps, repeats)
     cells = 1
     for n in setup.domain.shape:
@@ -131,6 +132,11 @@ def main(argv=None) -> int:
     )
     p.add_argument("--engines", default=None, help="comma-separated subset, e.g. single,pmap")
     p.add_argument("--halo", type=int, default=None, help="override the halo width of every case")
+    p.add_argument(
+        "--before-after", type=int, default=0, metavar="ROUNDS",
+        help="multi-device cases: also time the full exchange of every population (before "
+        "issue 29 item 6) against the crossing-only one, ROUNDS interleaved rounds, best of each",
+    )  # fmt: skip
     args = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
@@ -169,9 +175,19 @@ def main(argv=None) -> int:
             continue
         if np.prod(mesh) > len(jax.devices()):
             continue
-        r = bench_case(
-            setup, engine, mesh, args.halo if args.halo else halo, args.steps, args.repeats
-        )
+        h = args.halo if args.halo else halo
+        r = bench_case(setup, engine, mesh, h, args.steps, args.repeats)
+        if args.before_after and np.prod(mesh) > 1:
+            # the same code with every population exchanged both ways (no ``halo_sides``)
+            full = dataclasses.replace(setup.model, halo_sides={})
+            before = bench_case(setup, engine, mesh, h, args.steps, args.repeats, full)
+            for _ in range(args.before_after - 1):
+                b = bench_case(setup, engine, mesh, h, args.steps, args.repeats, full)
+                a = bench_case(setup, engine, mesh, h, args.steps, args.repeats)
+                before["mlups"] = max(before["mlups"], b["mlups"])
+                r["mlups"] = max(r["mlups"], a["mlups"])
+            r["full_exchange"] = {k: before[k] for k in ("mlups", "bytes_per_step_per_device")}
+            r["speedup_vs_full_exchange"] = r["mlups"] / before["mlups"]
         r["roofline_ratio"] = r["mlups"] / roof
         r["roofline_ratio_copy_bw"] = r["mlups"] / roof_copy
         r["streaming_copy_ratio"] = r["mlups"] / ceiling

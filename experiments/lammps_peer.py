@@ -70,7 +70,8 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> 
     Returns:
       ``{"loop_s": float seconds of the run loop, "atoms": int, "steps": int,
       "atom_steps_per_s": float, "neighbor_builds": int, "dangerous_builds": int | None,
-      "ranks": int, "affinity": list[int] (one core per rank when ranks > 1)}``.
+      "pair_s", "neigh_s": float | None seconds of the Pair and Neigh sections, "ranks": int,
+      "affinity": list[int] (one core per rank when ranks > 1)}``.
 
     Raises:
       RuntimeError: LAMMPS or mpirun failed, is missing, or its log lacks the loop line.
@@ -101,6 +102,9 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> 
     loop, steps, atoms = float(m.group(1)), int(m.group(2)), int(m.group(3))
     builds = re.search(r"Neighbor list builds = (\d+)", text)
     dangerous = re.search(r"Dangerous builds = (\d+)", text)
+    # the timing breakdown: "Pair    | 1.1414     | ..." (min over ranks, seconds)
+    section = {k: float(v) for k, v in re.findall(r"^(Pair|Neigh|Comm)\s*\|\s*([\d.eE+-]+)",
+                                                  text, re.M)}  # fmt: skip
     return {
         "loop_s": loop,
         "atoms": atoms,
@@ -108,6 +112,8 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> 
         "atom_steps_per_s": atoms * steps / loop,
         "neighbor_builds": int(builds.group(1)) if builds else None,
         "dangerous_builds": int(dangerous.group(1)) if dangerous else None,
+        "pair_s": section.get("Pair"),
+        "neigh_s": section.get("Neigh"),
         "ranks": ranks,
         "affinity": bound if ranks > 1 else sorted(cpus or os.sched_getaffinity(0)),
     }

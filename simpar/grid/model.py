@@ -45,6 +45,11 @@ class GridModel:
       param_units: config key -> CF units of a number a run may sweep
         (``{"physics.diffusivity": "m2 s-1"}``): the ``units`` of that key's coordinate in an
         ensemble's output. A key not listed gets no ``units`` attribute.
+      halo_sides: field name -> per spatial axis ``(lower, upper)``: whether one ``update``
+        reads that side of the field's radius-wide halo (LBM: a population reads only the
+        faces it streams in from). When the engines exchange a halo of width ``radius`` (one
+        update per exchange), a side no update reads is not sent across devices (filled from
+        the block itself, never read); wider halos and fields not listed get every side.
       length_units, time_units: CF units of the coordinates and of ``time``. Grid configs
         are read in SI units (lengths in m, times in s, diffusivities in m2 s-1, ...);
         ``lbm`` runs in lattice units mapped to one cell = ``dx`` m, one step = ``dx`` s.
@@ -63,6 +68,7 @@ class GridModel:
     length_units: str = "m"
     time_units: str = "s"
     param_units: Mapping[str, str] = field(default_factory=dict)
+    halo_sides: Mapping[str, tuple] = field(default_factory=dict)
 
     @property
     def fields(self) -> tuple[str, ...]:

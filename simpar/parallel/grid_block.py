@@ -59,8 +59,14 @@ class GridModel(Protocol):
 # Per-block programs (the same for every engine; only ``comm`` differs)
 # --------------------------------------------------------------------------------------------
 def _exchange_and_steps(state: State, params: Params, model: GridModel, comm, w: int, nsub: int):
-    """Fill a halo of width ``w`` once, then take ``nsub`` steps on the shrinking halo."""
-    padded = {f: pad(u, w, model.bcs[f], comm) for f, u in state.items()}
+    """Fill a halo of width ``w`` once, then take ``nsub`` steps on the shrinking halo.
+
+    With one update per exchange (``w == model.radius``) a field's halo sides that the update
+    does not read (``model.halo_sides``, e.g. LBM's populations) are not exchanged."""
+    reads = getattr(model, "halo_sides", None) or {}
+    one = w == model.radius and nsub == 1
+    padded = {f: pad(u, w, model.bcs[f], comm, reads.get(f) if one else None)
+              for f, u in state.items()}  # fmt: skip
     k = w
     for _ in range(nsub):
         padded = model.update(padded, params)

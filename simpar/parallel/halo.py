@@ -326,7 +326,7 @@ def _slice(x, axis: int, start: int, stop: int):
     return lax.slice_in_dim(x, start, stop, axis=axis)
 
 
-def pad(x: jax.Array, w: int, bcs, comm) -> jax.Array:
+def pad(x: jax.Array, w: int, bcs, comm, sides=None) -> jax.Array:
     """Add a halo of width ``w`` on every spatial axis of one block, corners included.
 
     Args:
@@ -335,9 +335,13 @@ def pad(x: jax.Array, w: int, bcs, comm) -> jax.Array:
       bcs: per spatial axis a ``(lower, upper)`` pair of boundary conditions
         (``simpar.grid.boundary``).
       comm: ``LocalComm``, ``PmapComm`` or ``ShardMapComm``.
+      sides: optional per spatial axis ``(lower, upper)`` bools: the halo sides the caller
+        reads. On an axis split over devices a side not read is not received: it holds the
+        block's own edge slab (no communication). None: every side.
 
     Returns:
-      Shape ``(*lead, n_0 + 2w, ..., n_{d-1} + 2w)``, halo filled everywhere.
+      Shape ``(*lead, n_0 + 2w, ..., n_{d-1} + 2w)``, halo filled everywhere (the sides not
+      read with stand-ins).
     """
     if w == 0:
         return x
@@ -353,12 +357,15 @@ def pad(x: jax.Array, w: int, bcs, comm) -> jax.Array:
             else:
                 lo, hi = lo_bc.fill(inner_lo, ax, -1), hi_bc.fill(inner_hi, ax, +1)
         else:
-            lo = comm.shift(inner_hi, a, +1)
-            hi = comm.shift(inner_lo, a, -1)
+            want_lo, want_hi = (True, True) if sides is None else sides[a]
+            lo = comm.shift(inner_hi, a, +1) if want_lo else inner_lo
+            hi = comm.shift(inner_lo, a, -1) if want_hi else inner_hi
             if not lo_bc.periodic:  # ppermute delivered zeros at the outer edges
                 c = comm.coord(a, x.ndim)
-                lo = jnp.where(c == 0, lo_bc.fill(inner_lo, ax, -1), lo)
-                hi = jnp.where(c == comm.extent(a) - 1, hi_bc.fill(inner_hi, ax, +1), hi)
+                if want_lo:
+                    lo = jnp.where(c == 0, lo_bc.fill(inner_lo, ax, -1), lo)
+                if want_hi:
+                    hi = jnp.where(c == comm.extent(a) - 1, hi_bc.fill(inner_hi, ax, +1), hi)
         x = lax.concatenate([lo, x, hi], ax)
     return x
 

@@ -111,46 +111,6 @@ class NeighborList(NamedTuple):
         return self.error != 0
 
 
-def _compact_words(mask, m):
-    """Positions of the first ``m`` True entries of each row of ``mask``.
-
-    ``mask`` is bool[B, W, S] with S <= 32: each (row, w) group is packed into a 32-bit
-    word, so the k-th True entry is found with popcounts (a binary search inside the word)
-    instead of a scatter or a sort, which are slow on CPU.
-
-    Returns:
-      (src, count): int32[B, m] flat positions ``w * S + s`` (``W * S`` where a row has
-      fewer than ``m`` entries) and int32[B] the number of True entries per row.
-    """
-    b, w, s = mask.shape
-    one = jnp.uint32(1)
-    bit = jnp.left_shift(one, jnp.arange(s, dtype=jnp.uint32))
-    word = jnp.sum(jnp.where(mask, bit, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)
-    cnt = jax.lax.population_count(word).astype(jnp.int32)  # (B, W)
-    cum = jnp.cumsum(cnt, axis=1)
-    t = jnp.arange(m, dtype=jnp.int32)
-    grp = jnp.sum(cum[:, None, :] <= t[None, :, None], axis=-1, dtype=jnp.int32)
-    grp_c = jnp.minimum(grp, w - 1)
-    rank = t[None] - jnp.take_along_axis(cum - cnt, grp_c, axis=1)
-    wd = jnp.take_along_axis(word, grp_c, axis=1)
-    pos = jnp.zeros_like(rank)
-    step = 1 << (max(s - 1, 1).bit_length() - 1)
-    while step >= 1:
-        trial = pos + step
-        low = wd & (jnp.left_shift(one, jnp.minimum(trial, 31).astype(jnp.uint32)) - one)
-        low = jnp.where(trial >= 32, wd, low)
-        pos = jnp.where(jax.lax.population_count(low).astype(jnp.int32) <= rank, trial, pos)
-        step //= 2
-    src = jnp.where(grp < w, grp_c * s + pos, w * s)
-    return src, cum[:, -1]
-
-
-def _split(n: int) -> tuple[int, int]:
-    """(words, slots per word) covering ``n`` slots with at most 32 per word."""
-    w = max(-(-n // 32), 1)
-    return w, max(-(-n // w), 1)
-
-
 def build(
     spec: NeighborSpec,
     space: Space,
@@ -193,21 +153,27 @@ def build(
     if spec.cells is None:
         order = jnp.arange(n, dtype=jnp.int32)
         rs, vs = r, valid
-        nw, ns = _split(n)
+        nw, ns = cells.split_words(n)
         cand = jnp.arange(nw * ns, dtype=jnp.int32).reshape(nw, ns)
         per_particle = (pad(jnp.arange(n, dtype=jnp.int32)),)
 
         def candidates(blocked):
             (i,) = blocked
             ok = jnp.broadcast_to(cand < n, (blk, nw, ns))
-            return jnp.broadcast_to(jnp.minimum(cand, n - 1), (blk, nw, ns)), ok, i
+            sidx = jnp.broadcast_to(jnp.minimum(cand, n - 1), (blk, nw, ns))
+
+            def locate(src, _picked):  # the candidates of the outputs: a gather
+                flat = sidx.reshape(blk, -1)
+                return jnp.take_along_axis(flat, jnp.minimum(src, flat.shape[1] - 1), axis=1)
+
+            return sidx, ok, i, (), locate
 
     else:
         order, s_a, len_a, s_b, len_b = cells.column_ranges(
             spec, space, r if cell_r is None else cell_r, valid
         )
         rs, vs = r[order], None  # invalid slots sit in a sentinel cell: never candidates
-        nw, ns = _split(spec.column_capacity)
+        nw, ns = cells.split_words(spec.column_capacity)
         slot = jnp.arange(nw * ns, dtype=jnp.int32)
         inv = jnp.zeros(n, jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
         per_particle = tuple(map(pad, (inv, s_a, len_a, s_b, len_b)))
@@ -219,7 +185,25 @@ def build(
             ok = slot < la + lb[..., None]
             ncol = sidx.shape[1]
             sidx = jnp.where(ok, sidx, 0).reshape(blk, ncol * nw, ns)
-            return sidx, ok.reshape(blk, ncol * nw, ns), i_sorted
+            words = ncol * nw
+            if words > cells.UNROLL_WORDS:
+                picks = ()
+
+                def locate(src, _picked):
+                    flat = sidx.reshape(blk, -1)
+                    return jnp.take_along_axis(flat, jnp.minimum(src, words * ns - 1), axis=1)
+
+            else:
+                # each output's column start / length read at its word (no gather of the
+                # (B, W * S) candidates): its sorted index from the column ranges
+                picks = tuple(jnp.repeat(x[..., 0], nw, axis=1) for x in (sa, la, sb))
+
+                def locate(src, picked):
+                    p_sa, p_la, p_sb = picked
+                    at = src - (src // (nw * ns)) * (nw * ns)  # slot within the column
+                    return jnp.where(at < p_la, p_sa + at, p_sb + at - p_la)
+
+            return sidx, ok.reshape(blk, words, ns), i_sorted, picks, locate
 
     rpad, vpad = pad(r), pad(valid)
     rs_soa = [rs[:, d] for d in range(3)]
@@ -249,7 +233,7 @@ def build(
         ri, vi = sl(rpad), sl(vpad)
         same = True
         ci = sl(cpad) if images else None
-        sidx, ok, i_sorted = candidates(blocked)
+        sidx, ok, i_sorted, picks, locate = candidates(blocked)
         r2 = jnp.zeros(sidx.shape, r.dtype)
         for d in range(3):  # one coordinate at a time: vectorises better on CPU
             dx = ri[:, d, None, None] - rs_soa[d][sidx]
@@ -265,13 +249,13 @@ def build(
         if vs is not None:
             mask = mask & vs[sidx]
         mask = mask & vi[:, None, None]
-        src, cnt = _compact_words(mask, m)
-        flat = sidx.reshape(blk, -1)
-        got = jnp.take_along_axis(flat, jnp.minimum(src, flat.shape[1] - 1), axis=1)
+        src, cnt, picked = cells.compact_words(mask, m, picks)
+        got = locate(src, picked)
+        have = src < sidx.shape[1] * sidx.shape[2]
         if by_id is None:  # each row sorted here, in its block: no whole-list temporaries
-            idx = jnp.sort(jnp.where(src < flat.shape[1], order[got], n), axis=1)  # n: last
+            idx = jnp.sort(jnp.where(have, order[got], n), axis=1)  # n: last
         else:  # by id rank (the sentinel's rank is n), one gather through ``rank[order]``
-            idx = by_id[jnp.sort(jnp.where(src < flat.shape[1], rank_of_sorted[got], n), axis=1)]
+            idx = by_id[jnp.sort(jnp.where(have, rank_of_sorted[got], n), axis=1)]
         if spec.cells is None:
             col = jnp.int32(0)
         else:

@@ -1,0 +1,89 @@
+"""The neighbour list against a brute-force list, array for array: every layout the build
+compacts differently (issue 29 item 1: the unrolled, gather-free compaction of 25 or 9
+column words, two words per column, the all-pairs search past 64 words) and the id order
+of the rows (``ids``, as the decomposed engines pass them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from simpar.particles import cells, neighbors, space
+
+N, BOX, CUT, SKIN = 1500, np.array([9.0, 7.5, 12.0]), 1.2, 0.3
+
+
+def _brute(r, valid, box, ids=None):
+    """int32[N, M] rows of every valid j != i within cutoff + skin (minimum image), sorted
+    by id (slot by default), padded with N; M the longest row."""
+    n = r.shape[0]
+    d = r[:, None, :] - r[None, :, :]
+    d -= box * np.round(d / box)
+    near = (np.sum(d * d, -1) < (CUT + SKIN) ** 2) & valid[None, :] & valid[:, None]
+    np.fill_diagonal(near, False)
+    key = np.arange(n) if ids is None else ids
+    rows = [sorted(np.nonzero(row)[0], key=lambda j: key[j]) for row in near]
+    m = max(len(x) for x in rows)
+    out = np.full((n, m), n, np.int32)
+    for i, x in enumerate(rows):
+        out[i, : len(x)] = x
+    return out
+
+
+@pytest.fixture(scope="module")
+def system():
+    r = np.asarray(jax.random.uniform(jax.random.PRNGKey(3), (N, 3), jnp.float64)) * BOX
+    valid = np.arange(N) < N - 10  # the last slots are empty
+    return r, valid, space.periodic(BOX), _brute(r, valid, BOX)
+
+
+def _check(spec, spc, r, valid, ref, **kw):
+    build = jax.jit(neighbors.build, static_argnums=0, static_argnames="id_bound")
+    nb = build(spec, spc, jnp.asarray(r), valid, **kw)
+    assert int(nb.error) == 0
+    idx = np.asarray(nb.idx)
+    m = ref.shape[1]
+    assert int(nb.needed[0]) == m
+    np.testing.assert_array_equal(idx[:, :m], ref)
+    assert np.all(idx[:, m:] == N)
+
+
+def test_cell_lists_equal_brute_force(system):
+    """The sized layout (reach 2: 25 column words) and reach 1 with columns of 40 entries
+    (9 columns of two words each) give the brute-force list exactly."""
+    r, valid, spc, ref = system
+    rad = CUT + SKIN
+    spec = neighbors.NeighborSpec(
+        N, ref.shape[1] + 8, rad, SKIN, True, tuple(int(c) for c in np.floor(BOX * 2 / rad)),
+        2, 24, block=256,
+    )  # fmt: skip
+    _check(spec, spc, r, valid, ref)
+    cells = tuple(int(c) for c in np.floor(BOX / rad))
+    one = dataclasses.replace(spec, cells=cells, reach=1, column_capacity=40, block=128)
+    _check(one, spc, r, valid, ref)
+
+
+@pytest.mark.slow
+def test_all_pairs_past_the_unrolled_words_and_id_order(system):
+    """All pairs as candidates (1,500 slots: 47 words, unrolled) and 2,100 slots (66 words:
+    the (B, m, W) search), and rows in the order of shuffled ids."""
+    r, valid, spc, ref = system
+    spec, _ = neighbors.allocate(spc, r, valid, cutoff=CUT, skin=SKIN, all_pairs=True)
+    _check(spec, spc, r, valid, ref)
+    ids = np.random.default_rng(0).permutation(N).astype(np.int32)
+    cell_spec, _ = neighbors.allocate(spc, r, valid, cutoff=CUT, skin=SKIN)
+    _check(cell_spec, spc, r, valid, _brute(r, valid, BOX, ids), ids=jnp.asarray(ids),
+           id_bound=N)  # fmt: skip
+    n2 = 2100
+    r2 = np.concatenate([r, np.asarray(jax.random.uniform(jax.random.PRNGKey(4), (n2 - N, 3),
+                                                          jnp.float64)) * BOX])  # fmt: skip
+    v2 = np.ones(n2, bool)
+    ref2 = _brute(r2, v2, BOX)
+    spec2, _ = neighbors.allocate(spc, r2, v2, cutoff=CUT, skin=SKIN, all_pairs=True)
+    assert cells.split_words(n2)[0] > cells.UNROLL_WORDS
+    nb = jax.jit(neighbors.build, static_argnums=0)(spec2, spc, jnp.asarray(r2), v2)
+    np.testing.assert_array_equal(np.asarray(nb.idx)[:, : ref2.shape[1]], ref2)
