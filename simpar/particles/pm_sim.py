@@ -35,6 +35,24 @@ MESSAGES = {
 }  # fmt: skip
 
 
+_COMPILED: dict = {}  # layout -> (start, chunk, observe): shared by every run with that layout
+
+
+def programs(eng, dtype) -> tuple:
+    """``(start, chunk, observe)`` of ``pm.make_program`` / ``pm.make_observe`` for the
+    engine's layout and capacities and the float ``dtype``, shared by every run with an equal
+    layout (a second run, or a regrow to capacities seen before, compiles nothing; as the
+    decomposed MD programs are shared). Call it after ``eng.distribute`` sized the buffers.
+    """
+    key = (eng.engine, tuple(eng.ops.shape), tuple(eng.plan.mesh), eng.box,
+           tuple(eng.devices or ()), eng.capacities(), np.dtype(dtype).name)  # fmt: skip
+    if key not in _COMPILED:
+        # the programs read the capacities when traced: the key fixes them and the dtype,
+        # so a program is never traced again for another layout
+        _COMPILED[key] = (*pm.make_program(eng), pm.make_observe(eng))
+    return _COMPILED[key]
+
+
 def grown(have: int, need: int, factor: float) -> int:
     """A capacity regrown for ``need``: ``factor * need`` and at least 1.5 times ``have``,
     rounded up to a multiple of 8 (as ``DomainSpec`` capacities grow: every regrow
@@ -78,8 +96,7 @@ class PMSimulation(Regrowing):
 
     def _programs(self) -> None:
         """Trace the mapped functions for the current capacities."""
-        self._start, self._run = pm.make_program(self.eng)
-        self._observe = pm.make_observe(self.eng)
+        self._start, self._run, self._observe = programs(self.eng, self.params.dt.dtype)
 
     def _grow(self, owned: int, migrate: int, why: str) -> None:
         """Grow the capacities that ``owned`` / ``migrate`` exceed; log one line (the caller
@@ -90,8 +107,9 @@ class PMSimulation(Regrowing):
         if eng.migrate_cap is not None and migrate > eng.migrate_cap:
             eng.migrate_cap = grown(eng.migrate_cap, migrate, self.capacity_factor)
         if self.log is not None:
-            self.log(f"regrew pm.capacity {old[0]} -> {eng.capacity}, pm.migrate {old[1]} -> "
-                     f"{eng.migrate_cap} ({why})")  # fmt: skip
+            grew = [f"{k} {a} -> {b}" for k, a, b in zip(("pm.capacity", "pm.migrate"), old,
+                    eng.capacities(), strict=True) if a != b]  # fmt: skip
+            self.log(f"regrew {', '.join(grew)} ({why})")
 
     # the regrow loop's hooks (step.Regrowing) ---------------------------------------------
     def _chunk(self, n_steps: int):
