@@ -8,11 +8,19 @@ started with the larger buffers bit for bit; a particle that jumps more than one
 an error (``LOST``), never regrown.
 """
 
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import h5py
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from simpar.cli import main
 from simpar.errors import SimulationError
+from simpar.io.h5md import H5MDWriter
 from simpar.parallel.pm_engine import PMEngine
 from simpar.particles import error_codes, pm
 from simpar.particles.pm_sim import PMSimulation, programs
@@ -84,7 +92,7 @@ def test_the_error_names_the_real_step_and_pm_capacity(single_steps):
 def test_a_regrown_run_equals_one_started_with_the_grown_buffers():
     pos, vel, mass = blobs()
     lines = []
-    eng = PMEngine("pmap", SHAPE, MESH, capacity=_tight(pos), migrate=16)
+    eng = PMEngine("pmap", SHAPE, MESH, capacity=_tight(pos), migrate=64)
     sim = PMSimulation(eng, PARAMS, pos, vel, mass, log=lines.append)
     sim.advance(30)
     assert sim.step == 30 and sim.regrows == len(lines) >= 1, lines
@@ -104,3 +112,105 @@ def test_a_particle_jumping_a_sub_box_is_lost_not_regrown():
         sim.advance(10)
     assert err.value.step == 1 and "lost particles" in str(err.value)
     assert sim.regrows == 0
+
+
+# -- through `simpar run` --------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+WAVE = str(ROOT / "experiments/pm_plane_wave.toml")
+
+
+def _main(args):
+    """``simpar.cli.main`` in this process: (exit code, stdout, stderr)."""
+    with (
+        contextlib.redirect_stdout(io.StringIO()) as o,
+        contextlib.redirect_stderr(io.StringIO()) as e,
+    ):
+        code = main(args)
+    return code, o.getvalue(), e.getvalue()
+
+
+def _datasets(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset)
+                     and o.dtype.kind != "O" else None)  # fmt: skip
+    return out
+
+
+def _assert_same_files(a, b):
+    a, b = _datasets(a), _datasets(b)
+    assert set(a) == set(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.slow
+def test_the_plane_wave_on_8_devices_regrows_and_equals_a_run_with_room(tmp_path):
+    """The 8-device command of pm_plane_wave.toml's header overflowed pm.capacity = 192 at
+    step 269 (reported at 270, the chunk's end, and the run failed). Now it regrows and
+    equals, bit for bit, a run started with the regrown buffers."""
+    run = ["run", WAVE, "--engine", "pmap", "--devices", "8", "--set",
+           "physics.pm_mesh=[64,8,8]", "--quiet"]  # fmt: skip
+    code, stdout, err = _main([*run, "--out", str(tmp_path / "pw8.h5md")])
+    assert code == 0, err
+    assert ("nbody-pm: regrew pm.capacity 192 -> 288 (owned-particle capacity overflow at "
+            "step 269: needed 208 owned") in err, err  # fmt: skip
+    d = json.loads(stdout)["details"]
+    assert (d["regrows"], d["pm_capacity"], d["pm_migrate"]) == (1, 288, 48)
+    roomy = ["--set", "pm.capacity=288", "--set", "pm.migrate=48"]
+    code, stdout, err = _main([*run, *roomy, "--out", str(tmp_path / "room.h5md")])
+    assert code == 0 and "regrew" not in err, err
+    assert json.loads(stdout)["details"]["regrows"] == 0
+    _assert_same_files(tmp_path / "pw8.h5md", tmp_path / "room.h5md")
+
+
+def _blobs_config(tmp_path) -> str:
+    """The colliding blobs as an H5MD frame and a config that starts from it (pmap, 8 slabs,
+    buffers that hold the first frame only)."""
+    pos, vel, mass = blobs()
+    w = H5MDWriter(tmp_path / "blobs.h5md", N, mass=mass)
+    w.append(0, 0.0, pos, box=np.ones(3), velocity=vel)
+    w.close()
+    cfg = tmp_path / "blobs.toml"
+    cfg.write_text(f"""
+[model]
+name = "nbody"
+[physics]
+force = "pm"
+pm_mesh = {list(SHAPE)}
+G = {1 / (4 * np.pi)!r}
+[particles]
+dtype = "float64"
+[initial]
+kind = "file"
+path = "{(tmp_path / "blobs.h5md").as_posix()}"
+[time]
+dt = 0.02
+steps = 30
+[output]
+every = 10
+[pm]
+capacity = {_tight(pos)}
+migrate = 32
+[parallel]
+engine = "pmap"
+devices = 8
+""")
+    return str(cfg)
+
+
+@pytest.mark.slow
+def test_resume_after_a_regrow_equals_an_uninterrupted_run_bitwise(tmp_path):
+    cfg = _blobs_config(tmp_path)
+    full, part = str(tmp_path / "full.h5md"), str(tmp_path / "part.h5md")
+    code, _, err = _main(["run", cfg, "--out", full, "--quiet"])
+    assert code == 0, err
+    grew = [line for line in err.splitlines() if "regrew" in line]
+    assert len(grew) == 2 and "at step 10" in grew[0] and "at step 16" in grew[1], err
+    code, _, err = _main(["run", cfg, "--out", part, "--quiet", "--steps", "20"])
+    assert code == 0 and err.count("regrew") == 2, err
+    # the checkpoint at step 20 holds the regrown buffers: the resumed run starts in them
+    code, stdout, err = _main(["run", cfg, "--out", part, "--quiet", "--resume"])
+    assert code == 0 and "regrew" not in err, err
+    assert json.loads(stdout)["resumed_from"] == 20
+    _assert_same_files(full, part)

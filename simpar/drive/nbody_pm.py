@@ -247,9 +247,10 @@ class PMRun(BodiesRun):
         self.layout = f"{p.engine} {'x'.join(map(str, p.mesh))}"
         capacity, migrate = p.capacity, p.migrate
         if ck is not None and bytes(ck.get("pm_layout", b"")) == self.layout.encode():
-            # the same buffers as the interrupted run (0: sized by the engine)
-            capacity = capacity or int(ck.get("pm_capacity", 0)) or None
-            migrate = migrate or int(ck.get("pm_migrate", 0)) or None
+            # the same buffers as the interrupted run, regrown ones included (0: sized by
+            # the engine)
+            capacity = max(capacity or 0, int(ck.get("pm_capacity", 0))) or None
+            migrate = max(migrate or 0, int(ck.get("pm_migrate", 0))) or None
         self.eng = eng = PMEngine(p.engine, p.shape, p.mesh, p.box, capacity, migrate,
                                   key=p.mesh_key)  # fmt: skip
         self.params = pm.PMParams(jnp.asarray(p.dt, dtype), jnp.asarray(p.G, dtype))
