@@ -245,9 +245,10 @@ def test_a_too_small_capacity_is_regrown_with_a_line_saying_so(tmp_path, single)
 @pytest.mark.slow
 def test_overflows_regrow_and_a_lost_particle_stops_the_run_at_its_step(tmp_path):
     out = tmp_path / "m.h5md"
-    sets = [*SMALL, "pm.migrate=1", "time.dt=0.5", "initial.sigma=0.3"]
+    sets = [*SMALL, "pm.capacity=144", "pm.migrate=48", "time.dt=0.5", "initial.sigma=0.3"]
     code, _, err = _run(out, "--engine", "pmap", "--devices", "8", "--mesh", "8", sets=sets)
-    assert code == 1 and "regrew pm.migrate 1 -> " in err, err
+    assert code == 1 and "regrew pm.capacity 144 -> 216 (owned-particle capacity overflow at "\
+        "step 3" in err, err
     # particles jump more than one slab per step: not repairable, the step it happened
     assert "run failed at step 4: " in err and "lost particles" in err, err
     assert "reduce time.dt" in err and "Last good output" in err, err

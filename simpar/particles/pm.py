@@ -41,7 +41,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from simpar.grid.boundary import Periodic
 from simpar.grid.poisson import eigenvalues
