@@ -8,17 +8,13 @@ started with the larger buffers bit for bit; a particle that jumps more than one
 an error (``LOST``), never regrown.
 """
 
-import contextlib
-import io
 import json
-from pathlib import Path
 
-import h5py
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_pm_run import WAVE, _datasets, _main
 
-from simpar.cli import main
 from simpar.errors import SimulationError
 from simpar.io.h5md import H5MDWriter
 from simpar.parallel.pm_engine import PMEngine
@@ -115,28 +111,6 @@ def test_a_particle_jumping_a_sub_box_is_lost_not_regrown():
 
 
 # -- through `simpar run` --------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parents[1]
-WAVE = str(ROOT / "experiments/pm_plane_wave.toml")
-
-
-def _main(args):
-    """``simpar.cli.main`` in this process: (exit code, stdout, stderr)."""
-    with (
-        contextlib.redirect_stdout(io.StringIO()) as o,
-        contextlib.redirect_stderr(io.StringIO()) as e,
-    ):
-        code = main(args)
-    return code, o.getvalue(), e.getvalue()
-
-
-def _datasets(path):
-    out = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset)
-                     and o.dtype.kind != "O" else None)  # fmt: skip
-    return out
-
-
 def _assert_same_files(a, b):
     a, b = _datasets(a), _datasets(b)
     assert set(a) == set(b)
