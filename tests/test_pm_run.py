@@ -4,8 +4,8 @@ Every engine equals ``single`` (positions, velocities of every frame) on meshes 
 the plane-wave experiment follows the exact linear Jeans growth; the cosmic-web experiment
 forms structure and ``simpar plot`` draws its projected density; a run killed after a frame and
 ``--resume``d equals an uninterrupted one bit for bit (the scenario of tests/test_drive.py);
-bad input is a ConfigError (exit 2) naming the key; overflow and lost particles are errors
-naming the setting to change.
+bad input is a ConfigError (exit 2) naming the key; overflows regrow pm.capacity / pm.migrate
+(a line says so) and lost particles are errors naming the step and the setting to change.
 """
 
 import contextlib
@@ -231,18 +231,27 @@ def test_pm_keys_with_the_direct_force_are_refused(tmp_path):
     assert code == 2 and "physics.pm_mesh" in err and "physics.force = 'pm'" in err, err
 
 
-def test_capacity_too_small_names_pm_capacity(tmp_path):
-    code, _, err = _run(tmp_path / "c.h5md", "--engine", "pmap", "--devices", "8", "--mesh",
-                        "8", sets=[*SMALL, "pm.capacity=8"])  # fmt: skip
-    assert code == 2 and "pm.capacity" in err, err
+def test_a_too_small_capacity_is_regrown_with_a_line_saying_so(tmp_path, single):
+    out = tmp_path / "c.h5md"
+    code, stdout, err = _run(out, "--engine", "pmap", "--devices", "8", "--mesh", "8",
+                             sets=[*SMALL, "pm.capacity=8"], steps=0)  # fmt: skip
+    assert code == 0, err
+    assert "nbody-pm: regrew pm.capacity 8 -> " in err and "at step 0" in err, err
+    details = json.loads(stdout)["details"]
+    assert details["regrows"] == 1 and details["pm_capacity"] > 8
+    np.testing.assert_array_equal(_frames(out)[1][0], _frames(single[0])[1][0])
 
 
 @pytest.mark.slow
-def test_migration_overflow_stops_the_run_naming_pm_migrate(tmp_path):
+def test_overflows_regrow_and_a_lost_particle_stops_the_run_at_its_step(tmp_path):
     out = tmp_path / "m.h5md"
-    sets = [*SMALL, "pm.migrate=1", "time.dt=0.5", "initial.sigma=0.3"]
+    sets = [*SMALL, "pm.capacity=144", "pm.migrate=48", "time.dt=0.5", "initial.sigma=0.3"]
     code, _, err = _run(out, "--engine", "pmap", "--devices", "8", "--mesh", "8", sets=sets)
-    assert code == 1 and "pm.migrate" in err and "Last good output" in err, err
+    assert code == 1 and "regrew pm.capacity 144 -> 216 (owned-particle capacity overflow at "\
+        "step 3" in err, err
+    # particles jump more than one slab per step: not repairable, the step it happened
+    assert "run failed at step 4: " in err and "lost particles" in err, err
+    assert "reduce time.dt" in err and "Last good output" in err, err
 
 
 @pytest.mark.slow

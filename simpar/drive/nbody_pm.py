@@ -5,8 +5,10 @@ Zel'dovich displacements, ``simpar.particles.pm_ics``) moves under PM gravity
 (``simpar.particles.pm``: cloud-in-cell deposit, Poisson by the distributed FFT, 4th-order
 gradient, CIC interpolation, kick-drift-kick leapfrog) on one of the four engines of
 ``simpar.parallel.pm_engine``. On ``pmap``/``shard_map`` the particles are owned by sub-box and
-migrate between devices every step; the particle count is checked at every frame and overflow
-is an error naming the setting to change, never silent.
+migrate between devices every step; a chunk stops at the first step whose particles overflow
+``pm.capacity`` or ``pm.migrate``, both are regrown and the chunk is redone from its start
+(a line on stderr says so; ``simpar.particles.pm_sim``, the MD regrow loop), and the particle
+count is checked at every frame: nothing is dropped silently.
 
 Config keys (defaults in brackets; ``time.steps``, ``output.*`` and ``parallel.engine`` /
 ``parallel.mesh`` are read by ``simpar.drive.loop.read_options``)::
@@ -26,7 +28,8 @@ Config keys (defaults in brackets; ``time.steps``, ``output.*`` and ``parallel.e
                 seed are then not given, physics.box defaults to the file's box)
     [time]      dt (> 0), steps (>= 0)
     [pm]        capacity, migrate: particle slots per device and per axis and direction of
-                migration (pmap/shard_map; default: from the initial distribution)
+                migration (pmap/shard_map; default: from the initial distribution;
+                regrown, with a line on stderr, when a step overflows them)
     [output]    every, path ["data/runs/nbody_pm.h5md"] (.h5md), checkpoint [true]
     [parallel]  engine ["single"], mesh [every device along x] (1 to 3 axes) or devices (n:
                 the mesh (n,))
@@ -41,6 +44,7 @@ velocities, accelerations and masses in id order, and the per-device capacities;
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -236,19 +240,19 @@ class PMRun(BodiesRun):
 
         from simpar.parallel.pm_engine import PMEngine
         from simpar.particles import pm, pm_ics
+        from simpar.particles.pm_sim import PMSimulation
 
         self.plan = p = plan
         dtype = np.dtype(p.dtype)
         self.layout = f"{p.engine} {'x'.join(map(str, p.mesh))}"
         capacity, migrate = p.capacity, p.migrate
         if ck is not None and bytes(ck.get("pm_layout", b"")) == self.layout.encode():
-            # the same buffers as the interrupted run (0: sized by the engine)
-            capacity = capacity or int(ck.get("pm_capacity", 0)) or None
-            migrate = migrate or int(ck.get("pm_migrate", 0)) or None
+            # the same buffers as the interrupted run, regrown ones included (0: sized by
+            # the engine)
+            capacity = max(capacity or 0, int(ck.get("pm_capacity", 0))) or None
+            migrate = max(migrate or 0, int(ck.get("pm_migrate", 0))) or None
         self.eng = eng = PMEngine(p.engine, p.shape, p.mesh, p.box, capacity, migrate,
                                   key=p.mesh_key)  # fmt: skip
-        start, self._chunk = pm.make_program(eng)
-        self._observe = pm.make_observe(eng)
         self.params = pm.PMParams(jnp.asarray(p.dt, dtype), jnp.asarray(p.G, dtype))
         self.mass = np.full(p.n, 1.0 / p.n, dtype)  # total mass 1
         self.rho0 = 1.0 / math.prod(p.box)
@@ -264,23 +268,21 @@ class PMRun(BodiesRun):
             else:
                 pos, vel = pm_ics.zeldovich(p.lattice, p.box, p.seed, p.sigma, p.index, omega,
                                             p.velocity)  # fmt: skip
-            placed = eng.distribute(pos.astype(dtype), vel.astype(dtype), self.mass)
-            self.state, self.step, self.e0 = start(*placed, self.params), 0, None
+            host, step, self.e0 = (pos.astype(dtype), vel.astype(dtype), self.mass, None), 0, None
         else:
             shapes = {k: np.shape(ck.get(k)) for k in ("pos", "vel", "acc", "mass")}
             if shapes != {"pos": (p.n, 3), "vel": (p.n, 3), "acc": (p.n, 3), "mass": (p.n,)}:
                 raise ConfigError("--resume", "the checkpoint holds another number of particles")
-            placed = eng.distribute(ck["pos"], ck["vel"], ck["mass"], ck["acc"])
-            self.state, self.step = pm.PMState(*placed), int(ck["step"])
+            host, step = (ck["pos"], ck["vel"], ck["mass"], ck["acc"]), int(ck["step"])
             self.e0 = (float(ck["energy_initial"]), float(ck["energy_scale"]))
+        # overflows regrow pm.capacity / pm.migrate and redo the chunk (one line each)
+        self.sim = PMSimulation(eng, self.params, *host, step=step, log=_log)
         self.prev = self.step
         self.max_de = self.max_p = -math.inf
         self._obs = self._observe_now()
 
     def _observe_now(self) -> dict:
-        from simpar.particles.pm import N_OBS
-
-        rows = self.eng.per_device(self._observe(self.state, self.params), N_OBS)
+        rows = self.sim.observables()
         tot = rows[:, :5].astype(np.float64).sum(axis=0)
         return {
             "kinetic_energy": np.float64(tot[0]),
@@ -319,14 +321,15 @@ class PMRun(BodiesRun):
             self.e0 = (k + w, max(k + abs(w), 1e-300))
         self._track(obs)
 
-    def advance(self, k: int, last_good: str) -> None:
-        import jax.numpy as jnp
+    @property
+    def step(self) -> int:
+        """The step of the state."""
+        return self.sim.step
 
+    def advance(self, k: int, last_good: str) -> None:
         self.prev = self.step
-        self.state, flags = self._chunk(self.state, self.params, jnp.asarray(k))
-        self.step += k
         try:
-            self.eng.check(flags, self.step)
+            self.sim.advance(k)  # stops at the first overflow; regrows and redoes the chunk
         except SimulationError as err:
             raise SimulationError(err.step, err.reason, err.hint, last_good) from None
         self._obs = self._observe_now()
@@ -336,8 +339,7 @@ class PMRun(BodiesRun):
 
     def snapshot(self):
         """``(pos, vel, mass, ids, acc)`` host arrays in id order (checks the count)."""
-        s = self.state
-        return self.eng.collect((s.pos, s.vel, s.mass, s.ids, s.acc), self.step)
+        return self.sim.snapshot()
 
     def checkpoint_state(self, host, step) -> dict:
         from simpar.particles import checkpoint as pck
@@ -385,8 +387,19 @@ class PMRun(BodiesRun):
                 "energy_max_rel_change": self.max_de,
                 "momentum_max_abs": self.max_p,
                 "density_contrast": float(obs["density_contrast"]),
+                "regrows": self.sim.regrows,
+                "pm_capacity": self.eng.capacity,
+                "pm_migrate": self.eng.migrate_cap,
             },
         )
+
+
+def _log(line: str) -> None:
+    """A regrow line on stderr (the main process; also under ``--quiet``)."""
+    from simpar.parallel import distributed
+
+    if distributed.is_main():
+        print(f"nbody-pm: {line}", file=sys.stderr, flush=True)
 
 
 def plan(cfg: Section, opts: Options, config_text: str) -> PMPlan:

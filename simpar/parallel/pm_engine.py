@@ -18,13 +18,15 @@ engine         particles                               grid, transforms, migrate
 Sub-box ownership follows the FFT plan's real-space split: device ``c`` (grid coordinates, C
 order over ``plan.mesh``) owns the nodes and the particles of ``[c_a n_a dx_a, (c_a + 1) n_a
 dx_a)`` per axis. Particles that drift out move to the neighbour by ``ppermute``
-(``simpar.parallel.ghosts.migrate``) at every step; the flags it returns (largest migration
-count, owned count, a particle more than one sub-box away) are checked on the host by
-:meth:`PMEngine.check` and :meth:`PMEngine.collect` checks that every id is present once.
+(``simpar.parallel.ghosts.migrate``) at every step; what it needed (owned count, largest
+migration count, a particle more than one sub-box away) is reduced over the devices at every
+step (one all-reduce), so that the program stops every device at the first overflow (the
+error bits and the regrow loop are the particles' own: ``simpar.particles.pm_sim``), and
+:meth:`PMEngine.collect` checks that every id is present once.
 
 What moves (compiled HLO, 16^3 on (2, 4), ``tests/test_pm.py``): under ``shard_map`` a step is
-8 all-to-alls (the FFT's transposes) and 16 collective-permutes (halo fold and fill,
-migration), no all-gather. Under ``sharded`` XLA partitions the global-view deposit and
+8 all-to-alls (the FFT's transposes), 11 collective-permutes (halo fold and fill, migration)
+and one all-reduce (the migration needs), no all-gather. Under ``sharded`` XLA partitions the global-view deposit and
 interpolation itself: the particles are split along ``N`` (not by sub-box), so every device
 needs every particle's contribution to its grid block and XLA all-gathers the per-particle
 scatter operands, 24 per step on (8,) and (2, 4): per CIC corner the int32 ``(N, 3)`` node
@@ -221,11 +223,12 @@ class PMEngine:
 
     # -- per-block helpers for the program ---------------------------------------------------------
     def migrate_fn(self) -> Callable:
-        """``migrate(pos, vel, mass, ids) -> (pos, vel, mass, ids, flags)`` for the program.
+        """``migrate(pos, vel, mass, ids) -> (pos, vel, mass, ids, needed)`` for the program.
 
-        ``flags``: int32 ``(3,)``: largest migration count of one axis and direction, owned
-        count before truncation, 1 if a particle moved more than one sub-box. Identity (flags
-        zero) on ``single``/``sharded``.
+        ``needed``: int32 ``(3,)``, the maxima over all devices (``comm.pmax``: the same on
+        every device) of the owned count before truncation, the largest migration count of
+        one axis and direction, and 1 if a particle moved more than one sub-box. Compare the
+        first two with :meth:`capacities`. Identity (zeros) on ``single``/``sharded``.
         """
         if not self.decomposed:
             return lambda p, v, m, i: (p, v, m, i, jnp.zeros(3, jnp.int32))
@@ -238,43 +241,26 @@ class PMEngine:
             p, v, m, _, i, need, count, far = ghosts.migrate(
                 spec, comm, length, pos, vel, mass, pos, ids
             )
-            return p, v, m, i, jnp.stack([need, count, far.astype(jnp.int32)])
+            return p, v, m, i, comm.pmax(jnp.stack([count, need, far.astype(jnp.int32)]))
 
         return migrate
+
+    def capacities(self) -> tuple[int, int] | None:
+        """``(capacity, migrate)`` slots (the limits of ``migrate_fn``'s first two needs), or
+        None when the particles do not migrate (``single``/``sharded``)."""
+        return (self.capacity, self.migrate_cap) if self.decomposed else None
+
+    def owned_counts(self, pos) -> np.ndarray:
+        """Particles each device would own (host ``(n_dev,)`` int) for positions ``pos``
+        ``(N, 3)`` (wrapped into the box here)."""
+        pos = np.mod(np.asarray(pos), np.asarray(self.box, np.asarray(pos).dtype))
+        return np.bincount(self._owners(pos), minlength=self.n_dev)
 
     def per_device(self, x, width: int) -> np.ndarray:
         """Per-device results of a mapped program (declared ``PARTICLES``) on the host,
         ``(n_blocks, width)`` (one row on ``single``/``sharded``)."""
         h = blocks.gather_blocks(x) if self.engine == "pmap" else blocks.to_host(x)
         return np.asarray(h).reshape(-1, width)
-
-    def check(self, flags, step: int = 0) -> None:
-        """Raise when the migration flags of a chunk show an overflow (nothing is dropped
-        silently).
-
-        Raises:
-          SimulationError: migration or owned-count overflow, or a particle that crossed more
-            than one sub-box in a step.
-        """
-        f = self.per_device(flags, 3).max(axis=0)
-        if not self.decomposed:
-            return
-        if f[0] > self.migrate_cap:
-            raise SimulationError(
-                step,
-                f"{f[0]} particles migrated at once, more than pm.migrate = {self.migrate_cap}",
-                "raise pm.migrate",
-            )
-        if f[1] > self.capacity:
-            raise SimulationError(
-                step,
-                f"a device owned {f[1]} particles, more than pm.capacity = {self.capacity}",
-                "raise pm.capacity",
-            )
-        if f[2]:
-            raise SimulationError(
-                step, "a particle moved more than one sub-box in one step", "reduce time.dt"
-            )
 
     # -- mapped programs -------------------------------------------------------------------------
     def map(self, fn: Callable, in_layouts: Sequence, out_layouts, donate: bool = False):

@@ -7,7 +7,8 @@ fixed capacity), ``forces``, ``integrate`` (``(init, step)`` pairs ``nve``, ``la
 ``step`` (the one MD time step and regrow/redo loop, shared by every engine); ``md`` (any
 pair potential on ``single`` and ``sharded``), ``decomposed``
 + ``decomposed_sim`` (the same step spatially decomposed over a device grid); ``nbody``
-(gravity, with ``make_engine`` over ``simpar.parallel.ring``); ``checkpoint`` (restart
-files). Runs from a config go through the driver (``simpar.drive``: adapters ``lj`` and
+(gravity, with ``make_engine`` over ``simpar.parallel.ring``); ``pm`` + ``pm_sim``
+(particle-mesh gravity; overflows take the MD error path: ``error_codes``, ``step``);
+``checkpoint`` (restart files). Runs from a config go through the driver (``simpar.drive``: adapters ``lj`` and
 ``nbody``).
 """

@@ -168,14 +168,13 @@ def empty_lists(spec: DomainSpec, dtype) -> DomainLists:
 
 def _error_bits(spec: DomainSpec, needed):
     """int32[] ``error_codes`` bits of the capacities ``needed`` (all devices) exceeds."""
-    over = needed > jnp.asarray(spec.capacities(), jnp.int32)
     bits = np.zeros(len(spec.capacities()), np.int32)
     bits[caps.NEED_OWNED] = error_codes.OWNED
     bits[caps.NEED_MIGRATE] = error_codes.MIGRATE
     bits[caps.NEED_SEND : caps.NEED_NBR] = error_codes.GHOSTS
     bits[caps.NEED_NBR] = error_codes.NEIGHBORS
     bits[caps.NEED_COL] = error_codes.CELLS
-    return jnp.bitwise_or.reduce(jnp.where(over, jnp.asarray(bits), 0)).astype(jnp.int32)
+    return error_codes.overflow(needed, spec.capacities(), bits)
 
 
 def _relist(spec: DomainSpec, comm, space: Space, state: DomainState, lists: DomainLists,

@@ -6,11 +6,14 @@ engines) carries one int32 ``error`` leaf in its neighbour state (``NeighborList
 (sticky), reduced over all devices on the decomposed engines. A chunk stops at the first
 non-zero value; the host then regrows the capacities and redoes the chunk when every set
 bit is ``REPAIRABLE``, and otherwise raises the ``SimulationError`` that ``decode`` words,
-with the step and the setting to change.
+with the step and the setting to change. The particle-mesh run (``pm.advance``,
+``pm_sim.PMSimulation``) uses the same bits (``OWNED``, ``MIGRATE``, ``LOST``), the same
+chunk loop and the same host loop, with its own settings named (``decode``'s ``messages``).
 """
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from simpar.errors import SimulationError
@@ -41,36 +44,53 @@ _MESSAGES = {
 }  # fmt: skip
 
 
+def overflow(needed, capacities, bits):
+    """int32[] (traced) OR of ``bits[k]`` over the entries with ``needed[k] > capacities[k]``.
+
+    Args:
+      needed: int32[K] what a step needed (reduced over all devices).
+      capacities: K ints, the static sizes of the buffers.
+      bits: K ints, the error bit of each capacity.
+    """
+    over = needed > jnp.asarray(capacities, jnp.int32)
+    bits = jnp.asarray(bits, jnp.int32)
+    return jnp.bitwise_or.reduce(jnp.where(over, bits, 0)).astype(jnp.int32)
+
+
 def names(error: int) -> list[str]:
     """The problems set in ``error`` (host int), in bit order."""
     return [_MESSAGES[b][0] for b in _MESSAGES if int(error) & b]
 
 
-def decode(error: int, step: int, detail: str = "") -> SimulationError:
+def decode(error: int, step: int, detail: str = "", messages: dict | None = None
+           ) -> SimulationError:  # fmt: skip
     """One ``SimulationError`` for the bits set in ``error``.
 
     Args:
       error: the int32 bitmask (host int); 0 is not an error.
       step: the time step the chunk stopped at.
       detail: appended to the reason (e.g. "after 10 regrows; needed ...").
+      messages: ``bit -> (what happened, the setting to change)`` replacing the MD wording
+        of those bits (a model whose settings have other names: ``pm_sim``).
 
     Returns:
       The error (raise it), naming every problem and the setting to change for each.
     """
     error = int(error)
+    words = {**_MESSAGES, **(messages or {})}
     bits = [b for b in _MESSAGES if error & b]
     unknown = error & ~sum(_MESSAGES)
     if not bits and not unknown:
         raise ValueError("error code 0 is not an error")
-    reason = "; ".join(_MESSAGES[b][0] for b in bits)
+    reason = "; ".join(words[b][0] for b in bits)
     if unknown:
         reason += ("; " if reason else "") + f"unknown error bits {unknown:#x}"
     if detail:
         reason += f" ({detail})"
     hints = []
     for b in bits:
-        if _MESSAGES[b][1] not in hints:
-            hints.append(_MESSAGES[b][1])
+        if words[b][1] not in hints:
+            hints.append(words[b][1])
     return SimulationError(int(step), reason, "; ".join(hints) or "report this as a bug")
 
 

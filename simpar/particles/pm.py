@@ -27,7 +27,9 @@ equal and opposite: total momentum is conserved to round-off, and a particle exe
 itself. The mesh softens the force on scales of about two cells.
 
 No collectives here: the ``comm`` (halo exchange), the transforms ``ops`` and the particle
-``migrate`` step are passed in by the engine (``simpar.parallel.pm_engine``).
+``migrate`` step are passed in by the engine (``simpar.parallel.pm_engine``). Overflows use
+the MD error bits and chunk loop (``error_codes``, ``step.run_steps``); the host loop that
+regrows and redoes a chunk is ``simpar.particles.pm_sim``.
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from simpar.grid.boundary import Periodic
 from simpar.grid.poisson import eigenvalues
 from simpar.parallel import halo
+from simpar.particles import error_codes
+from simpar.particles.step import run_steps
 
 D = 3  # spatial dimensions
 
@@ -205,6 +208,33 @@ def init_acc(state: PMState, params: PMParams, box, ops, comm) -> PMState:
     return state._replace(acc=acc)
 
 
+class PMCheck(NamedTuple):
+    """What a chunk of PM steps saw (the same on every device; the ``nbrs`` of
+    ``step.run_steps``).
+
+    Attributes:
+      error: int32[] ``error_codes`` bits, sticky: ``OWNED`` (a device owned more than
+        ``pm.capacity``), ``MIGRATE`` (more than ``pm.migrate`` crossed one face), ``LOST``
+        (a particle moved more than one sub-box in a step).
+      needed: int32[2] largest owned count and migration count seen.
+      done: int32[] steps run (the last one the step that set ``error``, if any).
+    """
+
+    error: jax.Array
+    needed: jax.Array
+    done: jax.Array
+
+
+def error_bits(needed, capacities) -> jax.Array:
+    """int32[] ``error_codes`` bits of one step's ``needed`` int32[3] (owned count, migration
+    count, far flag; ``PMEngine.migrate_fn``) against ``capacities`` ``(capacity,
+    migrate)`` (None: the particles do not migrate, no error)."""
+    if capacities is None:
+        return jnp.int32(0)
+    over = error_codes.overflow(needed[:2], capacities, (error_codes.OWNED, error_codes.MIGRATE))
+    return over | jnp.where(needed[2] > 0, error_codes.LOST, 0).astype(jnp.int32)
+
+
 def step(state: PMState, params: PMParams, box, ops, comm, migrate: Callable):
     """One kick-drift-kick leapfrog step.
 
@@ -213,44 +243,57 @@ def step(state: PMState, params: PMParams, box, ops, comm, migrate: Callable):
       params: ``dt``, ``G``.
       box: ``(3,)`` box lengths (length).
       ops, comm: the engine's transforms and per-block comm.
-      migrate: ``migrate(pos, vel, mass, ids) -> (pos, vel, mass, ids, flags)`` hands
+      migrate: ``migrate(pos, vel, mass, ids) -> (pos, vel, mass, ids, needed)`` hands
         particles that left the sub-box to their owners (identity on ``single``/``sharded``;
-        ``PMEngine.migrate_fn``); ``flags`` is an int32 ``(3,)`` vector checked on the host
-        (``PMEngine.check``).
+        ``PMEngine.migrate_fn``); ``needed`` is int32 ``(3,)`` (see ``error_bits``).
 
     Returns:
-      ``(state, flags)``.
+      ``(state, needed)``.
     """
     dt = params.dt
     vel = state.vel + (0.5 * dt) * state.acc
     length = jnp.asarray(box, state.pos.dtype)
     pos = jnp.mod(state.pos + dt * vel, length)
     pos = jnp.where(pos >= length, 0.0, pos)  # mod may round up to L
-    pos, vel, mass, ids, flags = migrate(pos, vel, state.mass, state.ids)
+    pos, vel, mass, ids, needed = migrate(pos, vel, state.mass, state.ids)
     state = init_acc(state._replace(pos=pos, vel=vel, mass=mass, ids=ids), params, box, ops, comm)
     vel = state.vel + (0.5 * dt) * state.acc
-    return state._replace(vel=jnp.where((state.ids >= 0)[:, None], vel, 0.0)), flags
+    return state._replace(vel=jnp.where((state.ids >= 0)[:, None], vel, 0.0)), needed
 
 
-def advance(state: PMState, params: PMParams, n, box, ops, comm, migrate: Callable):
-    """``n`` leapfrog steps in one ``lax.fori_loop``; flags are the maxima over the steps."""
+def advance(state: PMState, params: PMParams, n, box, ops, comm, migrate: Callable,
+            capacities=None):  # fmt: skip
+    """Up to ``n`` leapfrog steps in one ``lax.while_loop`` (``step.run_steps``, as every MD
+    chunk), stopping after the first step that sets an error bit (``error_bits`` against
+    ``capacities``; None: never).
 
-    def body(_, carry):
-        s, f = carry
-        s, f2 = step(s, params, box, ops, comm, migrate)
-        return s, jnp.maximum(f, f2)
+    Returns:
+      ``(state, PMCheck)``; after an error ``state`` is not usable (particles were dropped):
+      the host redoes the chunk from its start (``pm_sim.PMSimulation``).
+    """
 
-    return lax.fori_loop(0, n, body, (state, jnp.zeros(3, jnp.int32)))
+    def one(s, chk):
+        s, needed = step(s, params, box, ops, comm, migrate)
+        error = chk.error | error_bits(needed, capacities)
+        return s, PMCheck(error, jnp.maximum(chk.needed, needed[:2]), chk.done + 1)
+
+    chk = PMCheck(jnp.int32(0), jnp.zeros(2, jnp.int32), jnp.int32(0))
+    return run_steps(one, state, chk, n)
 
 
 def make_program(eng, params_like=None):
     """The mapped functions of a PM run on a ``simpar.parallel.pm_engine.PMEngine``.
 
+    The capacities are read when the functions are traced: after a regrow make new ones
+    (``pm_sim.PMSimulation``).
+
     Returns:
       ``(start, chunk)``: ``start(pos, vel, mass, ids, params) -> PMState`` (accelerations
-      computed); ``chunk(state, params, n) -> (state, flags)`` runs ``n`` leapfrog steps
-      (check ``flags`` with ``eng.check``). ``state`` and ``flags`` are in the engine's
-      particle layout; ``eng.collect(state)`` brings the particles home in id order.
+      computed); ``chunk(state, params, n) -> (state, check)`` runs up to ``n`` leapfrog
+      steps, stopping at the first error; ``check`` is int32 ``[error, owned needed,
+      migration needed, steps done]`` per device (the same on every device; read it with
+      ``eng.per_device(check, 4)[0]``). ``state`` and ``check`` are in the engine's particle
+      layout; ``eng.collect(state)`` brings the particles home in id order.
     """
     from simpar.parallel.pm_engine import PARTICLES
 
@@ -261,7 +304,8 @@ def make_program(eng, params_like=None):
         return init_acc(s, params, box, ops, comm)
 
     def chunk(state, params, n):
-        return advance(state, params, n, box, ops, comm, migrate)
+        s, chk = advance(state, params, n, box, ops, comm, migrate, eng.capacities())
+        return s, jnp.concatenate([chk.error[None], chk.needed, chk.done[None]])
 
     start_m = eng.map(start, (PARTICLES,) * 4 + (None,), PARTICLES)
     chunk_m = eng.map(chunk, (PARTICLES, None, None), (PARTICLES, PARTICLES))
@@ -312,12 +356,14 @@ def momentum(state: PMState) -> jax.Array:
 
 __all__ = [
     "N_OBS",
+    "PMCheck",
     "PMParams",
     "PMState",
     "accelerations",
     "block_observables",
     "advance",
     "deposit",
+    "error_bits",
     "field",
     "init_acc",
     "interpolate",

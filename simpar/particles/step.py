@@ -258,8 +258,11 @@ class Regrowing:
     A subclass provides ``_chunk(n) -> (state, nbrs)`` (run from the committed start, commit
     nothing), ``_error(nbrs) -> int`` and ``_needed(nbrs) -> list`` (host), ``_regrow(nbrs)``
     (grow the layout from the needs and lay the committed start out in it), ``_commit(state,
-    nbrs)``, ``_step_of(state) -> int``, and the attributes ``regrows`` and ``max_regrows``.
+    nbrs)``, ``_step_of(state) -> int``, and the attributes ``regrows`` and ``max_regrows``;
+    ``messages`` (``error_codes.decode``) may name its own settings.
     """
+
+    messages: dict | None = None
 
     def _advance(self, n_steps: int) -> None:
         """Run ``n_steps`` steps; regrow and redo on overflow.
@@ -281,4 +284,4 @@ class Regrowing:
         detail = f"needed {np.asarray(self._needed(nbrs)).tolist()}"
         if not err & ~error_codes.REPAIRABLE:
             detail = f"still overflowing after {self.max_regrows} regrows; {detail}"
-        raise error_codes.decode(err, self._step_of(state), detail)
+        raise error_codes.decode(err, self._step_of(state), detail, self.messages)
