@@ -370,8 +370,18 @@ def current_rss_mib() -> float:
     return 0.0
 
 
+#: when set (to anything non-empty), :func:`check_fits` prints each estimate to stderr as the
+#: peak resident memory it implies (this process's resident memory now plus ``needed``);
+#: ``experiments/check_memory_estimates.py`` compares it with the measured peak
+REPORT_ENV = "SIMPAR_MEMORY_REPORT"
+
+
 def check_fits(needed: int, key: str, what: str, hint: str) -> None:
     """Refuse a run whose estimated memory exceeds what this process may allocate.
+
+    ``needed`` is what the run adds to this process's resident memory now (the estimates
+    are calibrated so that resident-now plus ``needed`` is the run's peak, within 30%, on
+    every shipped experiment: ``experiments/check_memory_estimates.py``).
 
     Args:
       needed: estimated bytes (on CPU, devices share the host's memory).
@@ -383,6 +393,10 @@ def check_fits(needed: int, key: str, what: str, hint: str) -> None:
       ConfigError: ``needed`` exceeds the available memory (exit code 2); the message gives
         both figures and which limit applied (free RAM, cgroup or RLIMIT_AS).
     """
+    if os.environ.get(REPORT_ENV):
+        peak = current_rss_mib() * 2**20 + needed
+        print(f"simpar: memory estimate {key}: {peak / 2**20:.1f} MiB peak resident "
+              f"({what})", file=sys.stderr, flush=True)  # fmt: skip
     got = available()
     if got is None or needed <= got[0]:
         return

@@ -55,3 +55,36 @@ def test_processes_take_process_0s_length_and_any_signal(monkeypatch):
     assert next_chunk(ChunkClock(probe=1), 1000) == 256  # process 0's clock decides
     with pytest.raises(RuntimeError, match="chunk of 256 steps"):
         next_chunk(ChunkClock(), 100)  # never more than the steps left to the frame
+
+
+def _simulate(clock, step_s, compile_s, every, steps):
+    """Chunks a run of ``steps`` steps with frames every ``every`` steps gets from ``clock``
+    when a step takes ``step_s`` seconds and a new chunk length compiles in ``compile_s``:
+    [(length, wall seconds)]."""
+    out, done, seen = [], 0, set()
+    while done < steps:
+        k = clock.size(min(every - done % every, steps - done))
+        t = k * step_s + (compile_s if k not in seen else 0.0)
+        seen.add(k)
+        clock.record(k, t)
+        out.append((k, t))
+        done += k
+    return out
+
+
+@pytest.mark.parametrize("step_s", [3.0, 1.0, 0.3, 1e-4])
+def test_every_chunk_from_the_first_is_bounded_by_the_target_plus_one_compile(step_s):
+    # issue 31: the first chunk was 128 unmeasured steps (32 s on heat2d 8192^2)
+    compile_s = 5.0
+    chunks = _simulate(ChunkClock(target=2.0), step_s, compile_s, every=10**6, steps=3000)
+    assert chunks[0][0] == 1  # one step (and its compilation) before anything is measured
+    for k, t in chunks:
+        assert t <= max(2.0, step_s) + compile_s + 1e-9, (k, t)
+    assert len({k for k, _ in chunks}) <= 16  # few chunk programs (powers of two)
+    if step_s < 1e-3:  # fast steps: long chunks after the two probes
+        assert [k for k, _ in chunks] == [1, 1, 2998]
+
+
+def test_frames_close_together_keep_one_chunk_per_frame():
+    chunks = _simulate(ChunkClock(target=2.0), 1e-4, 0.5, every=100, steps=1000)
+    assert [k for k, _ in chunks] == [1, 1, 98] + [100] * 9
