@@ -50,17 +50,19 @@ CASES = [
     ("pm", "pm_cosmic_web", "pm_cosmic_web.toml", [], 4),
 ]
 for _n in (1024, 2048, 4096, 8192):
-    CASES.append(("grid", f"heat2d {_n}^2", "heat2d.toml", [f"grid.shape=[{_n},{_n}]"], 2))
+    CASES.append(("grid", f"heat2d {_n}^2", "heat2d.toml", [f"grid.shape=[{_n},{_n}]",
+                                                              "time.dt=1e-9"], 2))
 for _n in (512, 1024, 2048, 4096):
-    CASES.append(("grid", f"wave2d {_n}^2", "wave2d.toml", [f"grid.shape=[{_n},{_n}]"], 2))
+    CASES.append(("grid", f"wave2d {_n}^2", "wave2d.toml", [f"grid.shape=[{_n},{_n}]",
+                                                              "time.dt=1e-5"], 2))
 for _n in (64, 96, 128, 160):
     CASES.append(("grid", f"lbm3d {_n}^3", "lbm3d.toml", [f"grid.shape=[{_n},{_n},{_n}]"], 2))
 for _n in (512, 1024, 2048, 4096):
     CASES.append(("ensemble", f"heat_ensemble {_n}^2", "heat_ensemble.toml",
-                  [f"grid.shape=[{_n},{_n}]"], 2))  # fmt: skip
+                  [f"grid.shape=[{_n},{_n}]", "time.dt=1e-9"], 2))  # fmt: skip
 for _n in (512, 1024, 2048, 4096):
     CASES.append(("spectral2d", f"taylor_green {_n}^2", "taylor_green.toml",
-                  [f"grid.shape=[{_n},{_n}]", "time.dt=0.001"], 2))  # fmt: skip
+                  [f"grid.shape=[{_n},{_n}]", "time.dt=0.0005"], 2))  # fmt: skip
 for _n in (32, 64, 96, 128):
     CASES.append(("spectral3d", f"abc {_n}^3", "taylor_green.toml",
                   [f"grid.shape=[{_n},{_n},{_n}]", *_TG3], 2))  # fmt: skip
