@@ -6,7 +6,8 @@ estimate implies (resident memory at the check plus the estimated bytes) before 
 and the run's summary gives the measured peak (``peak_memory_mib``, ``ru_maxrss``). Cases: every
 shipped experiment (``experiments/*.toml``) and four scaled-up sizes per model family.
 Runs are serial (a peak measured beside other runs is still the process's own, but the
-machine must have the memory). Prints JSON: one object per case with ``estimate_mib``,
+machine must have the memory), each with an empty compilation cache (compiling is part of
+the peak: the worst case, and the same on every machine). Prints JSON: one object per case with ``estimate_mib``,
 ``peak_mib`` and ``ratio`` (estimate / peak), and ``worst`` (the ratio furthest from 1).
 
 Run:
@@ -50,11 +51,13 @@ CASES = [
     ("pm", "pm_cosmic_web", "pm_cosmic_web.toml", [], 4),
 ]
 for _n in (1024, 2048, 4096, 8192):
-    CASES.append(("grid", f"heat2d {_n}^2", "heat2d.toml", [f"grid.shape=[{_n},{_n}]",
-                                                              "time.dt=1e-9"], 2))
+    CASES.append(
+        ("grid", f"heat2d {_n}^2", "heat2d.toml", [f"grid.shape=[{_n},{_n}]", "time.dt=1e-9"], 2)
+    )
 for _n in (512, 1024, 2048, 4096):
-    CASES.append(("grid", f"wave2d {_n}^2", "wave2d.toml", [f"grid.shape=[{_n},{_n}]",
-                                                              "time.dt=1e-5"], 2))
+    CASES.append(
+        ("grid", f"wave2d {_n}^2", "wave2d.toml", [f"grid.shape=[{_n},{_n}]", "time.dt=1e-5"], 2)
+    )
 for _n in (64, 96, 128, 160):
     CASES.append(("grid", f"lbm3d {_n}^3", "lbm3d.toml", [f"grid.shape=[{_n},{_n},{_n}]"], 2))
 for _n in (512, 1024, 2048, 4096):
@@ -79,17 +82,31 @@ for _n in (32, 96, 128, 160):
 _ESTIMATE = re.compile(r"simpar: memory estimate (\S+): ([0-9.]+) MiB peak resident")
 
 
-def measure(experiment: str, sets: list[str], steps: int, *, devices: int = 1,
-            timeout: float = 1800.0) -> dict:
+def measure(
+    experiment: str, sets: list[str], steps: int, *, devices: int = 1, timeout: float = 1800.0
+) -> dict:
     """Run one case in a fresh ``simpar run``; returns ``estimate_mib`` (the largest estimate
     the run printed, None if none), ``key`` (its size key), ``peak_mib`` and ``ratio``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / ("out.h5md" if _particles(experiment) else "out.nc")
-        cmd = [sys.executable, "-m", "simpar", "run", str(HERE / experiment), "--steps",
-               str(steps), "--out", str(out), "--devices", str(devices)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "simpar",
+            "run",
+            str(HERE / experiment),
+            "--steps",
+            str(steps),
+            "--out",
+            str(out),
+            "--devices",
+            str(devices),
+        ]
         for s in sets:
             cmd += ["--set", s]
-        env = dict(os.environ, SIMPAR_MEMORY_REPORT="1")
+        # a cold compilation cache: compiling is part of the peak (a warm cache lowers small
+        # runs' peaks by up to ~80 MiB), and each case is then the same on every machine
+        env = dict(os.environ, SIMPAR_MEMORY_REPORT="1", SIMPAR_COMPILE_CACHE_DIR=tmp)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                            cwd=tmp)  # fmt: skip
     found = [(float(v), k) for k, v in _ESTIMATE.findall(r.stderr)]

@@ -123,16 +123,16 @@ def cgroup_available(root: str | os.PathLike | None = None) -> tuple[int, str] |
     for d in _cgroup_dirs(root, None):  # v2: one unified hierarchy
         limit = _read_int(d / "memory.max")
         if limit is not None:
-            used = _cgroup_used(_read_int(d / "memory.current"), d / "memory.stat",
-                                "inactive_file")
+            used = _cgroup_used(_read_int(d / "memory.current"), d / "memory.stat", "inactive_file")
             left = limit - used
             if best is None or left < best[0]:
                 best = (left, f"cgroup v2 memory.max {limit / GIB:.3g} GiB of {d}")
     for d in _cgroup_dirs(root, "memory"):  # v1: the memory controller's hierarchy
         limit = _read_int(d / "memory.limit_in_bytes")
         if limit is not None:
-            used = _cgroup_used(_read_int(d / "memory.usage_in_bytes"), d / "memory.stat",
-                                "total_inactive_file")
+            used = _cgroup_used(
+                _read_int(d / "memory.usage_in_bytes"), d / "memory.stat", "total_inactive_file"
+            )
             left = limit - used
             if best is None or left < best[0]:
                 best = (left, f"cgroup v1 memory.limit_in_bytes {limit / GIB:.3g} GiB of {d}")

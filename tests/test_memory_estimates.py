@@ -70,8 +70,12 @@ def _cli(*args, rlimit_as=None, timeout=300):
     "sets",
     [
         ["grid.shape=[100000,100000]"],  # was an _ArrayMemoryError traceback (74.5 GiB)
-        ["grid.shape=[512,512,512]", "initial.kind=\"abc\"", "time.dt=1.0",  # was 6.4 GB
-         "grid.length=[6.283185307179586,6.283185307179586,6.283185307179586]"],  # then CFL
+        [
+            "grid.shape=[512,512,512]",
+            'initial.kind="abc"',
+            "time.dt=1.0",  # was 6.4 GB
+            "grid.length=[6.283185307179586,6.283185307179586,6.283185307179586]",
+        ],  # then CFL
     ],
     ids=["2d-100000^2", "3d-512^3"],
 )

@@ -166,11 +166,11 @@ def _check_memory(cfg: Section, data: dict) -> None:
     if members > 1 and got is not None and memory_estimate(shape, itemsize, fields) <= got[0]:
         key, hint = "ensemble.members", "use fewer ensemble.members"
     state = math.prod(shape) * itemsize * fields * members
+    times = f"{members} x " if members > 1 else ""
     check_fits(
         needed,
         key,
-        f"{members} x " * (members > 1)
-        + f"{fields:g} fields of {' x '.join(map(str, shape))} x {itemsize} bytes: state "
+        f"{times}{fields:g} fields of {' x '.join(map(str, shape))} x {itemsize} bytes: state "
         f"{state / 2**30:.3g} GiB, twice on the devices, plus halos and output frames",
         f"{hint} or run across more processes (--num-processes)",
     )

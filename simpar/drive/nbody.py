@@ -37,7 +37,6 @@ from simpar.drive.nbody_output import BodiesRun
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
 
-
 #: what an N-body run adds besides its arrays: XLA's client, the compiled programs (bytes)
 _OVERHEAD = 100 << 20
 
