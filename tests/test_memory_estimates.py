@@ -92,14 +92,13 @@ def test_spectral_grid_too_big_is_refused_before_allocating(tmp_path, sets):
 
 
 def test_estimates_grow_with_the_size_keys():
-    from simpar.drive import grid, spectral
+    from simpar.drive import grid
 
-    assert spectral.memory_estimate((1024, 1024), "float64") > 2 * (
-        spectral.memory_estimate((512, 512), "float64") - spectral._OVERHEAD
+    spectral = grid.spectral_memory_estimate
+    assert spectral((1024, 1024), "float64") - spectral((512, 512), "float64") == pytest.approx(
+        3 * (spectral((512, 512), "float64") - grid._SPECTRAL_OVERHEAD), rel=1e-6
     )
-    assert spectral.memory_estimate((64, 64, 64), "float32") < spectral.memory_estimate(
-        (64, 64, 64), "float64"
-    )
+    assert spectral((64, 64, 64), "float32") < spectral((64, 64, 64), "float64")
     assert grid.memory_estimate((256, 256), 8, 2, members=4) - grid._OVERHEAD == pytest.approx(
         4 * (grid.memory_estimate((256, 256), 8, 2) - grid._OVERHEAD), rel=1e-6
     )

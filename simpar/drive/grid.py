@@ -176,6 +176,46 @@ def _check_memory(cfg: Section, data: dict) -> None:
     )
 
 
+#: resident bytes a ``spectral_ns`` run (``simpar.drive.spectral``) adds per grid cell, as (fixed, per byte of ``dtype``) (fitted to
+#: measured peaks through ``simpar run``, experiments/check_memory_estimates.py, jaxlib 0.10
+#: CPU): 2-D the host's initial field and CFL check (NumPy float64 FFTs), the Fourier state,
+#: the RK4 stages and the physical-space products of the nonlinear term, the output frame;
+#: 3-D the same with three velocity components
+_SPECTRAL_BYTES_PER_CELL = {2: (18.0, 21.0), 3: (136.0, 26.0)}
+#: what a ``spectral_ns`` run adds besides the fields: XLA's client, the compiled programs (bytes)
+_SPECTRAL_OVERHEAD = 100 << 20
+
+
+def spectral_memory_estimate(shape, dtype) -> int:
+    """Bytes a ``spectral_ns`` run adds to the process's resident memory at its peak.
+
+    Args:
+      shape: the grid ``(N_x, N_y[, N_z])`` (cells); dtype: ``"float32"`` or ``"float64"``.
+
+    Returns:
+      The estimate (bytes): ``_SPECTRAL_OVERHEAD + (a + b * itemsize) * cells`` with
+      ``(a, b) = _SPECTRAL_BYTES_PER_CELL[d]``; on CPU the devices share the host's memory, so
+      the mesh does not change it.
+    """
+    fixed, per_item = _SPECTRAL_BYTES_PER_CELL[len(shape)]
+    item = np.dtype(dtype).itemsize
+    return int(_SPECTRAL_OVERHEAD + (fixed + per_item * item) * math.prod(shape))
+
+
+def check_spectral_memory(shape, dtype, key: str) -> None:
+    """Refuse a grid that cannot fit (``simpar.memory.check_fits``), before the initial field
+    or anything on the devices is allocated (``key``: ``grid.shape``)."""
+    from simpar.memory import check_fits
+
+    check_fits(
+        spectral_memory_estimate(shape, dtype),
+        key,
+        f"a {' x '.join(map(str, shape))} {dtype} spectral grid: initial field, Fourier state, "
+        "RK4 stages and output frames",
+        "reduce grid.shape (or use float32) or run across more processes (--num-processes)",
+    )
+
+
 class GridPlan(Plan):
     """A validated grid run (host set-up built; nothing on the devices).
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from simpar import precision
 from simpar.config import Section
+from simpar.drive.grid import check_spectral_memory
 from simpar.drive.loop import ModelAdapter, Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError
 from simpar.grid import spectral_ns as S
@@ -100,46 +101,6 @@ _FORMS = {
     2: _Form(S, "vorticity_hat", 0, ("vorticity",), ("u", "v")),
     3: _Form(S3, "velocity_hat", 1, ("vorticity_x", "vorticity_y", "vorticity_z"), ("u", "v", "w")),
 }
-
-
-#: resident bytes a run adds per grid cell, as (fixed, per byte of ``dtype``) (fitted to
-#: measured peaks through ``simpar run``, experiments/check_memory_estimates.py, jaxlib 0.10
-#: CPU): 2-D the host's initial field and CFL check (NumPy float64 FFTs), the Fourier state,
-#: the RK4 stages and the physical-space products of the nonlinear term, the output frame;
-#: 3-D the same with three velocity components
-_BYTES_PER_CELL = {2: (18.0, 21.0), 3: (136.0, 26.0)}
-#: what a spectral run adds besides the fields: XLA's client, the compiled programs (bytes)
-_OVERHEAD = 100 << 20
-
-
-def memory_estimate(shape, dtype) -> int:
-    """Bytes a ``spectral_ns`` run adds to the process's resident memory at its peak.
-
-    Args:
-      shape: the grid ``(N_x, N_y[, N_z])`` (cells); dtype: ``"float32"`` or ``"float64"``.
-
-    Returns:
-      The estimate (bytes): ``_OVERHEAD + (a + b * itemsize) * cells`` with ``(a, b) =
-      _BYTES_PER_CELL[d]``; on CPU the devices share the host's memory, so the mesh does not
-      change it.
-    """
-    fixed, per_item = _BYTES_PER_CELL[len(shape)]
-    item = np.dtype(dtype).itemsize
-    return int(_OVERHEAD + (fixed + per_item * item) * math.prod(shape))
-
-
-def check_memory(shape, dtype, key: str) -> None:
-    """Refuse a grid that cannot fit (``simpar.memory.check_fits``), before the initial field
-    or anything on the devices is allocated (``key``: ``grid.shape``)."""
-    from simpar.memory import check_fits
-
-    check_fits(
-        memory_estimate(shape, dtype),
-        key,
-        f"a {' x '.join(map(str, shape))} {dtype} spectral grid: initial field, Fourier state, "
-        "RK4 stages and output frames",
-        "reduce grid.shape (or use float32) or run across more processes (--num-processes)",
-    )
 
 
 def _initial(cfg: Section, shape, length, dtype) -> tuple[np.ndarray, int | None]:
@@ -249,7 +210,7 @@ class SpectralPlan(Plan):
                               "1e-100 .. 1e100")  # fmt: skip
         self.dtype = g.get("dtype", "float32", kind=str, choices=("float32", "float64"))
         precision.require(self.dtype, g.key("dtype"))
-        check_memory(self.shape, self.dtype, g.key("shape"))  # before the initial field
+        check_spectral_memory(self.shape, self.dtype, g.key("shape"))  # before the initial field
         ph = cfg.section("physics")
         self.nu = ph.get("viscosity", min=0.0)
         self.drag = ph.get("drag", 0.0, min=0.0)
