@@ -10,7 +10,9 @@ What "available" means: the smallest of three real limits (:func:`memory_limits`
 
 - ``MemAvailable`` of ``/proc/meminfo`` (free RAM plus what the kernel can reclaim);
 - the cgroup limit of this process (a container, a SLURM job): cgroup v2 ``memory.max`` minus
-  ``memory.current``, or cgroup v1 ``memory.limit_in_bytes`` minus ``memory.usage_in_bytes``;
+  ``memory.current``, or cgroup v1 ``memory.limit_in_bytes`` minus ``memory.usage_in_bytes``,
+  each plus the reclaimable page cache that usage counts (``inactive_file`` of
+  ``memory.stat``, v1 ``total_inactive_file``), as container runtimes count it;
 - the address-space limit ``RLIMIT_AS`` (``ulimit -v``) minus this process's current virtual
   size (``VmSize``).
 
@@ -57,6 +59,30 @@ def _read_int(path: Path) -> int | None:
     return value if 0 <= value < _UNLIMITED else None
 
 
+def _stat_value(path: Path, name: str) -> int:
+    """One counter of a cgroup's ``memory.stat`` (``name value`` lines), in bytes; 0 when the
+    file or the counter is missing or unreadable."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return 0
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == name:
+            try:
+                return max(int(parts[1]), 0)
+            except ValueError:
+                return 0
+    return 0
+
+
+def _cgroup_used(usage: int | None, stat: Path, cache_key: str) -> int:
+    """Bytes a cgroup really holds: its usage less the inactive page cache (written or read
+    files the kernel reclaims before it would OOM-kill anything)."""
+    usage = usage or 0
+    return max(usage - min(_stat_value(stat, cache_key), usage), 0)
+
+
 def _cgroup_dirs(root: Path, controller: str | None) -> list[Path]:
     """Candidate directories of this process's cgroup: the mount point itself (a container
     sees its own cgroup there) and the path named in ``/proc/self/cgroup``."""
@@ -89,19 +115,25 @@ def cgroup_available(root: str | os.PathLike | None = None) -> tuple[int, str] |
     Returns:
       (limit minus usage in bytes, a description such as ``"cgroup v2 memory.max"``), the
       tightest over the cgroup directories found, or None when no limit is set or readable.
+      The usage leaves out the inactive page cache (``memory.stat``: v2 ``inactive_file``,
+      v1 ``total_inactive_file``): output written by earlier runs is reclaimable.
     """
     root = Path(CGROUP_ROOT if root is None else root)
     best = None
     for d in _cgroup_dirs(root, None):  # v2: one unified hierarchy
         limit = _read_int(d / "memory.max")
         if limit is not None:
-            left = limit - (_read_int(d / "memory.current") or 0)
+            used = _cgroup_used(_read_int(d / "memory.current"), d / "memory.stat", "inactive_file")
+            left = limit - used
             if best is None or left < best[0]:
                 best = (left, f"cgroup v2 memory.max {limit / GIB:.3g} GiB of {d}")
     for d in _cgroup_dirs(root, "memory"):  # v1: the memory controller's hierarchy
         limit = _read_int(d / "memory.limit_in_bytes")
         if limit is not None:
-            left = limit - (_read_int(d / "memory.usage_in_bytes") or 0)
+            used = _cgroup_used(
+                _read_int(d / "memory.usage_in_bytes"), d / "memory.stat", "total_inactive_file"
+            )
+            left = limit - used
             if best is None or left < best[0]:
                 best = (left, f"cgroup v1 memory.limit_in_bytes {limit / GIB:.3g} GiB of {d}")
     return None if best is None else (max(best[0], 0), best[1])
@@ -338,8 +370,18 @@ def current_rss_mib() -> float:
     return 0.0
 
 
+#: when set (to anything non-empty), :func:`check_fits` prints each estimate to stderr as the
+#: peak resident memory it implies (this process's resident memory now plus ``needed``);
+#: ``experiments/check_memory_estimates.py`` compares it with the measured peak
+REPORT_ENV = "SIMPAR_MEMORY_REPORT"
+
+
 def check_fits(needed: int, key: str, what: str, hint: str) -> None:
     """Refuse a run whose estimated memory exceeds what this process may allocate.
+
+    ``needed`` is what the run adds to this process's resident memory now (the estimates
+    are calibrated so that resident-now plus ``needed`` is the run's peak, within 30%, on
+    every shipped experiment: ``experiments/check_memory_estimates.py``).
 
     Args:
       needed: estimated bytes (on CPU, devices share the host's memory).
@@ -351,6 +393,10 @@ def check_fits(needed: int, key: str, what: str, hint: str) -> None:
       ConfigError: ``needed`` exceeds the available memory (exit code 2); the message gives
         both figures and which limit applied (free RAM, cgroup or RLIMIT_AS).
     """
+    if os.environ.get(REPORT_ENV):
+        peak = current_rss_mib() * 2**20 + needed
+        print(f"simpar: memory estimate {key}: {peak / 2**20:.1f} MiB peak resident "
+              f"({what})", file=sys.stderr, flush=True)  # fmt: skip
     got = available()
     if got is None or needed <= got[0]:
         return

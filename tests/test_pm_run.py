@@ -273,7 +273,7 @@ def test_chunk_sizes_do_not_change_the_results_and_resume_keeps_the_cadence(
     monkeypatch.setattr(loop, "PROBE_STEPS", 2)
     code, _, err = _run(short)
     assert code == 0, err
-    assert sizes[:2] == [2, 2] and set(sizes) == {1, 2}  # probe (compiles), to the frame, 1s
+    assert sizes[0] == 2 and set(sizes[1:]) == {1}  # probe (an upper bound: too long), 1s
     a, b = _datasets(single[0]), _datasets(short)
     for name in a:
         if not name.startswith("parameters"):

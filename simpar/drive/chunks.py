@@ -28,29 +28,40 @@ from simpar import signals
 from simpar.parallel import distributed
 
 CHUNK_SECONDS = 2.0  # wall time of a chunk at most (about; ChunkClock)
-PROBE_STEPS = 128  # steps of a chunk at most until the step time is measured
+PROBE_STEPS = 1  # steps of the first chunk, before any step time is measured
 
 __all__ = ["CHUNK_SECONDS", "PROBE_STEPS", "ChunkClock", "next_chunk"]
 
 
-class ChunkClock:
-    """Chunk sizes bounded in wall time, so signals are honoured within seconds.
+def _pow2_floor(x: float) -> int:
+    """The largest power of two <= ``x`` (1 when ``x < 2``)."""
+    return 1 << max(math.floor(math.log2(x)), 0) if x >= 2 else 1
 
-    A chunk ends at the next frame step or after about ``target`` seconds of measured step
-    time, whichever comes first. Chunks that stop short of a frame are powers of two (each
-    new size compiles a new chunk program, so few sizes are used, and the first chunk of a
-    size, which compiles, is not taken as a measure); a run whose frames are at most ``probe``
-    steps apart, or fast enough, keeps one chunk per frame. In a multi-process run only
-    process 0's clock decides (:func:`next_chunk`); the others record the same chunks.
+
+class ChunkClock:
+    """Chunk sizes bounded in wall time from the first chunk, so signals are honoured within
+    seconds.
+
+    The first chunk is ``probe`` steps (1: a single step, which also compiles the chunk
+    program). A chunk of a length run before measures the step time exactly; the next chunks
+    then end at the next frame step or after about ``target`` seconds of measured step time,
+    whichever comes first, with lengths that stop short of a frame rounded down to a power of
+    two (so few chunk programs are compiled where the length is static). A chunk whose
+    length is new is not taken as a measure (it may include its compilation); before any
+    measure it only lowers the limit (its time per step is an upper bound), so the next chunk
+    repeats a compiled length and measures. A chunk therefore takes at most ``target``
+    seconds of steps plus one compilation, also when a step takes seconds; a run whose frames
+    are close or whose steps are fast keeps one chunk per frame after the first two. In a
+    multi-process run only process 0's clock decides (:func:`next_chunk`).
 
     Args:
-      target: wall seconds a chunk should take at most (s); the first chunk of a new size
-        also compiles, so it may take longer.
-      probe: steps of a chunk at most before a step time has been measured.
+      target: wall seconds a chunk should take at most (s); a chunk of a new length also
+        compiles, so it may take longer.
+      probe: steps of the first chunk (before a step time has been measured), >= 1.
     """
 
     def __init__(self, target: float = CHUNK_SECONDS, probe: int = PROBE_STEPS):
-        self.target, self.limit = target, probe
+        self.target, self.limit = target, max(int(probe), 1)
         self.compiled: set[int] = set()
         self.step_s: float | None = None  # seconds per step (s), measured
 
@@ -62,11 +73,13 @@ class ChunkClock:
         """Take the wall time (s) of a chunk of ``k`` steps into account."""
         first_use = k not in self.compiled
         self.compiled.add(k)
-        if first_use:
-            return  # includes its compilation: not a measure of the step time
-        self.step_s = max(seconds, 1e-9) / k
-        steps = self.target / self.step_s
-        self.limit = 1 << max(math.floor(math.log2(steps)), 0) if steps >= 1 else 1
+        per_step = max(seconds, 1e-9) / k
+        if first_use:  # may include its compilation: an upper bound of the step time
+            if self.step_s is None:
+                self.limit = min(self.limit, k, _pow2_floor(self.target / per_step))
+            return
+        self.step_s = per_step
+        self.limit = _pow2_floor(self.target / per_step)
 
 
 def next_chunk(clock: ChunkClock | None, to_frame: int) -> int:

@@ -115,33 +115,104 @@ def grid_setup(cfg: Section, family: GridFamily | None = None) -> GridSetup:
     return family.setup(cfg)
 
 
-def _check_memory(cfg: Section, data: dict) -> None:
-    """Refuse a grid run that cannot fit in memory, before anything is allocated.
+#: resident bytes a grid run adds per byte of state (all members), measured through
+#: ``simpar run`` (experiments/check_memory_estimates.py, jaxlib 0.10 CPU, heat 1024^2 ..
+#: 8192^2): the state twice on the devices (a chunk's input and output), the fused stencil's
+#: temporaries and halos, the host frame gathered for output and its transposed copy
+_STATE_FACTOR = 6.1
+#: what a grid run adds besides its fields: XLA's client, the compiled programs (bytes)
+_OVERHEAD = 70 << 20
 
-    The estimate counts the state on the devices twice (input and output of a chunk), plus
-    halos, the host copy gathered for each output frame and the frame's transposed copy:
-    about ``4.2 x`` the state (on CPU every device shares the host's memory).
+
+def memory_estimate(shape, itemsize: int, fields: float, members: int = 1) -> int:
+    """Bytes a grid run adds to the process's resident memory at its peak.
+
+    Args:
+      shape: the grid (cells per axis); itemsize: bytes per value (4 or 8).
+      fields: state arrays per cell (e.g. 1 for heat, 19.25 for D3Q19 with its flags).
+      members: ensemble members (each holds a whole state).
+
+    Returns:
+      ``_OVERHEAD + _STATE_FACTOR * state`` (bytes), the state being ``members * cells *
+      fields * itemsize``; on CPU every device shares the host's memory, so the mesh does not
+      change it.
     """
+    state = math.prod(shape) * itemsize * fields * members
+    return int(_OVERHEAD + _STATE_FACTOR * state)
+
+
+def _check_memory(cfg: Section, data: dict) -> None:
+    """Refuse a grid run that cannot fit in memory, before anything is allocated
+    (:func:`memory_estimate`). The key named is ``grid.shape``, or ``ensemble.members`` when
+    one member would fit."""
     try:
         g = data["grid"]
         shape = [int(n) for n in g["shape"]]
         itemsize = 8 if g.get("dtype", "float32") == "float64" else 4
         fields = _STATE_FIELDS[data["model"]["name"]]
-    except (KeyError, TypeError, ValueError):
+        members = data.get("ensemble", {}).get("members", 1)
+        members = members if isinstance(members, int) and 1 <= members <= 2**31 else 1
+    except (KeyError, TypeError, ValueError, AttributeError):
         return  # malformed: the model's validation names the key
     if not 2 <= len(shape) <= 3 or min(shape) < 1:
         return
     if isinstance(fields, tuple):
         fields = fields[len(shape) - 2]
-    state = math.prod(shape) * itemsize * fields
+    from simpar.memory import available, check_fits
+
+    needed = memory_estimate(shape, itemsize, fields, members)
+    key, hint = cfg.section("grid").key("shape"), "reduce grid.shape"
+    got = available()
+    if members > 1 and got is not None and memory_estimate(shape, itemsize, fields) <= got[0]:
+        key, hint = "ensemble.members", "use fewer ensemble.members"
+    state = math.prod(shape) * itemsize * fields * members
+    times = f"{members} x " if members > 1 else ""
+    check_fits(
+        needed,
+        key,
+        f"{times}{fields:g} fields of {' x '.join(map(str, shape))} x {itemsize} bytes: state "
+        f"{state / 2**30:.3g} GiB, twice on the devices, plus halos and output frames",
+        f"{hint} or run across more processes (--num-processes)",
+    )
+
+
+#: resident bytes a ``spectral_ns`` run (``simpar.drive.spectral``) adds per grid cell, as (fixed, per byte of ``dtype``) (fitted to
+#: measured peaks through ``simpar run``, experiments/check_memory_estimates.py, jaxlib 0.10
+#: CPU): 2-D the host's initial field and CFL check (NumPy float64 FFTs), the Fourier state,
+#: the RK4 stages and the physical-space products of the nonlinear term, the output frame;
+#: 3-D the same with three velocity components
+_SPECTRAL_BYTES_PER_CELL = {2: (18.0, 21.0), 3: (136.0, 26.0)}
+#: what a ``spectral_ns`` run adds besides the fields: XLA's client, the compiled programs (bytes)
+_SPECTRAL_OVERHEAD = 100 << 20
+
+
+def spectral_memory_estimate(shape, dtype) -> int:
+    """Bytes a ``spectral_ns`` run adds to the process's resident memory at its peak.
+
+    Args:
+      shape: the grid ``(N_x, N_y[, N_z])`` (cells); dtype: ``"float32"`` or ``"float64"``.
+
+    Returns:
+      The estimate (bytes): ``_SPECTRAL_OVERHEAD + (a + b * itemsize) * cells`` with
+      ``(a, b) = _SPECTRAL_BYTES_PER_CELL[d]``; on CPU the devices share the host's memory, so
+      the mesh does not change it.
+    """
+    fixed, per_item = _SPECTRAL_BYTES_PER_CELL[len(shape)]
+    item = np.dtype(dtype).itemsize
+    return int(_SPECTRAL_OVERHEAD + (fixed + per_item * item) * math.prod(shape))
+
+
+def check_spectral_memory(shape, dtype, key: str) -> None:
+    """Refuse a grid that cannot fit (``simpar.memory.check_fits``), before the initial field
+    or anything on the devices is allocated (``key``: ``grid.shape``)."""
     from simpar.memory import check_fits
 
     check_fits(
-        int(4.2 * state) + (256 << 20),
-        cfg.section("grid").key("shape"),
-        f"{fields:g} fields of {' x '.join(map(str, shape))} x {itemsize} bytes: state "
-        f"{state / 2**30:.3g} GiB, twice on the devices, plus halos and output frames",
-        "reduce grid.shape or run across more processes (--num-processes)",
+        spectral_memory_estimate(shape, dtype),
+        key,
+        f"a {' x '.join(map(str, shape))} {dtype} spectral grid: initial field, Fourier state, "
+        "RK4 stages and output frames",
+        "reduce grid.shape (or use float32) or run across more processes (--num-processes)",
     )
 
 

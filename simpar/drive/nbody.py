@@ -37,6 +37,28 @@ from simpar.drive.nbody_output import BodiesRun
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
 
+#: what an N-body run adds besides its arrays: XLA's client, the compiled programs (bytes)
+_OVERHEAD = 100 << 20
+
+
+def memory_estimate(n: int, devices: int, dtype: str, engine: str) -> int:
+    """Bytes an N-body run of ``n`` bodies adds to the process's resident memory at its peak.
+
+    Fitted to measured peaks through ``simpar run`` (experiments/check_memory_estimates.py,
+    jaxlib 0.10 CPU, N = 1024 .. 16384): about 64 values per body (state, host copies,
+    output frame) and, per device (on CPU every device shares the host's memory), the pair
+    arrays of the targets it holds at once against all ``n`` sources, about 5 values per
+    pair: 64 targets at a time where the kernel is tiled
+    (``simpar.particles.nbody.default_target_block``), else the device's whole block.
+    """
+    from simpar.particles.nbody import default_target_block
+
+    item = np.dtype(dtype).itemsize
+    block = -(-n // devices)
+    tile = default_target_block(engine)
+    rows = min(tile, block) if tile else block
+    return int(_OVERHEAD + n * 64 * item + devices * rows * n * 5 * item)
+
 
 class NBodyPlan(Plan):
     """A validated N-body run (nothing allocated).
@@ -84,9 +106,8 @@ class NBodyPlan(Plan):
             from simpar.io.particle_checks import check_nbody_resume
 
             check_nbody_resume(c.path, config_text, n, self.dtype)
-        itemsize = np.dtype(self.dtype).itemsize
-        check_fits(  # pair arrays of one target block against its sources dominate
-            n * -(-n // self.mesh[0]) * 4 * itemsize + n * 64 * itemsize + (256 << 20),
+        check_fits(
+            memory_estimate(n, self.mesh[0], self.dtype, self.engine),
             part.key("n"),
             f"{n} bodies, all pairs over {self.mesh[0]} device(s)",
             "reduce particles.n or use more devices",

@@ -45,6 +45,7 @@ import numpy as np
 
 from simpar import precision
 from simpar.config import Section
+from simpar.drive.grid import check_spectral_memory
 from simpar.drive.loop import ModelAdapter, Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError
 from simpar.grid import spectral_ns as S
@@ -209,6 +210,7 @@ class SpectralPlan(Plan):
                               "1e-100 .. 1e100")  # fmt: skip
         self.dtype = g.get("dtype", "float32", kind=str, choices=("float32", "float64"))
         precision.require(self.dtype, g.key("dtype"))
+        check_spectral_memory(self.shape, self.dtype, g.key("shape"))  # before the initial field
         ph = cfg.section("physics")
         self.nu = ph.get("viscosity", min=0.0)
         self.drag = ph.get("drag", 0.0, min=0.0)
