@@ -56,6 +56,7 @@ class Trajectory(NamedTuple):
       e_pair: float[] pair energy at the final positions (epsilon).
       virial: float[] pair virial ``sum_{i<j} r_ij . f_ij`` at the final positions (epsilon).
       error: int32[] ``error_codes`` bits (0: no capacity overflowed, the numbers hold).
+      builds: int32[] neighbour-list builds in the run (the one at the start included).
     """
 
     position: jax.Array
@@ -64,6 +65,7 @@ class Trajectory(NamedTuple):
     e_pair: jax.Array
     virial: jax.Array
     error: jax.Array
+    builds: jax.Array
 
 
 @jax.custom_jvp
@@ -159,7 +161,7 @@ def _single_run(ensemble, spec, n_steps, checkpoint, mass, valid, key):
         (state, nbrs), kin = _scan_steps(lambda c: step(*c), ke, (state, nbrs), n_steps,
                                          checkpoint)  # fmt: skip
         _, e, w = pair_forces(pot, space, state.position, nbrs.idx, block=None)
-        return Trajectory(state.position, state.velocity, kin, e, w, nbrs.error)
+        return Trajectory(state.position, state.velocity, kin, e, w, nbrs.error, nbrs.n_builds)
 
     return run
 
@@ -183,7 +185,7 @@ def _domain_block(ensemble, spec, comm, n_steps, checkpoint):
                                           checkpoint)  # fmt: skip
         others = jnp.concatenate([state.position, lists.ghost_position])
         _, e, w = pair_forces(pot, space, state.position, lists.idx, others=others, block=None)
-        return state.position, state.velocity, state.ids, kin, e, w, lists.error
+        return state.position, state.velocity, state.ids, kin, e, w, lists.error, lists.n_builds
 
     return block
 
@@ -215,13 +217,13 @@ def _domain_run(sim, ensemble, n_steps, checkpoint, key):
             dtype if np.issubdtype(np.asarray(x).dtype, np.floating) else np.asarray(x).dtype),
             lists0)  # fmt: skip
         rep = lambda t: jax.tree.map(lambda x: jnp.broadcast_to(x, (n_dev,) + jnp.shape(x)), t)  # noqa: E731
-        p, v, out_ids, kin, e, w, err = program(state, lists, rep(space), rep(pot), rep(params))
+        p, v, out_ids, kin, e, w, err, nb = program(state, lists, rep(space), rep(pot), rep(params))
         n = position.shape[0]
         slot = jnp.where(out_ids >= 0, out_ids, n).reshape(-1)
         gpos = jnp.zeros((n, 3), dtype).at[slot].add(p.reshape(-1, 3), mode="drop")
         gvel = jnp.zeros((n, 3), dtype).at[slot].add(v.reshape(-1, 3), mode="drop")
         return Trajectory(gpos, gvel, jnp.sum(kin, axis=0), jnp.sum(e), jnp.sum(w),
-                          jnp.max(err))  # fmt: skip
+                          jnp.max(err), nb[0])  # fmt: skip
 
     return run
 
@@ -263,6 +265,7 @@ def rollout(engine: str, space: Space, pot, position, velocity, *, n_steps: int,
     kw = dict(dt=dt, ensemble=ensemble, kt=kt, gamma=gamma, key=key, mass=mass, skin=skin,
               capacity_factor=capacity_factor)  # fmt: skip
     params0 = md.make_params(dt, kt, gamma, dtype=dtype)
+    cutoff = float(pot.cutoff)  # the lists' radius is cutoff + skin from here on
     if engine == "single":
         sim = md.make_simulation(space, pot, position, velocity, **kw)
         sim.advance(n_steps)  # sizing: the list's capacities grow until nothing overflows
@@ -272,7 +275,7 @@ def rollout(engine: str, space: Space, pot, position, velocity, *, n_steps: int,
 
         def run(pot, position, velocity, params=None):
             t = body(space, pot, position, velocity, params0 if params is None else params)
-            return _guard(t)
+            return _guard(t, pot, cutoff)
 
         return run
     sim = make_domain_simulation(engine, mesh, space, pot, position, velocity, devices=devices,
@@ -288,12 +291,15 @@ def rollout(engine: str, space: Space, pot, position, velocity, *, n_steps: int,
 
     def run(pot, position, velocity, params=None):
         t = body(space, pot, position, velocity, params0 if params is None else params, layout)
-        return _guard(t)
+        return _guard(t, pot, cutoff)
 
     return run
 
 
-def _guard(t: Trajectory) -> Trajectory:
-    """Every float output NaN (value and derivatives) when ``t.error`` is set."""
+def _guard(t: Trajectory, pot, cutoff: float) -> Trajectory:
+    """Every float output NaN (value and derivatives) when ``t.error`` is set; a cutoff
+    beyond the sized one sets ``NEIGHBORS`` (the lists would miss pairs)."""
+    far = jnp.asarray(pot.cutoff) > cutoff
+    t = t._replace(error=t.error | jnp.where(far, error_codes.NEIGHBORS, 0).astype(t.error.dtype))
     return t._replace(**{k: _poison(getattr(t, k), t.error)
                          for k in ("position", "velocity", "kinetic", "e_pair", "virial")})
