@@ -14,8 +14,10 @@ Contract:
     the gradient of the positions it bins).
   * The steps are ``step.md_step`` (the engines' one step) in a ``lax.scan`` of a fixed
     length, in chunks of ``checkpoint`` steps wrapped in ``jax.checkpoint``: the reverse
-    pass stores one state per chunk and recomputes the steps inside a chunk, so the memory
-    grows with ``n_steps / checkpoint`` (plus one chunk), not with ``n_steps``.
+    pass stores one state per chunk, recomputes the states of a chunk's steps, then the
+    intermediates of one step at a time (two levels of ``jax.checkpoint``), so the memory
+    grows with ``n_steps / checkpoint + checkpoint`` states plus one step's intermediates,
+    not with ``n_steps`` steps' intermediates.
   * Overflow is never silent: the capacities are fixed inside a differentiated run; an
     overflow (new parameters or positions that need more neighbours, ghosts, slots than the
     forward sizing found) sets ``Trajectory.error`` (``error_codes`` bits) and turns every
@@ -125,8 +127,9 @@ def _scan_steps(step_fn, observe, carry, n_steps: int, checkpoint: int | None):
     n_chunks, rest = divmod(n_steps, checkpoint)
 
     @jax.checkpoint
-    def chunk(c, _):
-        return jax.lax.scan(one, c, None, length=checkpoint)
+    def chunk(c, _):  # two levels: the backward pass of a chunk recomputes its steps'
+        # states, then each step's intermediates, one step at a time
+        return jax.lax.scan(jax.checkpoint(one), c, None, length=checkpoint)
 
     carry, obs = jax.lax.scan(chunk, carry, None, length=n_chunks)
     obs = obs.reshape(-1)
