@@ -52,22 +52,16 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    import jax
+    from simpar.benchmark import best_time, start_jax
 
-    if args.devices:
-        jax.config.update("jax_num_cpu_devices", args.devices)
-    jax.config.update("jax_enable_x64", True)
+    jax = start_jax(args.devices)
     import jax.numpy as jnp
 
-    from simpar.benchmark import best_time
     from simpar.particles import differentiable as D
-    from simpar.particles import lattice, potentials
-    from simpar.particles import space as sp
+    from simpar.particles import potentials
 
-    r, box = lattice.cubic_lattice("fcc", 0.8442, args.cells)
+    spc, r, v = D.lj_start(args.cells)
     n = r.shape[0]
-    spc = sp.periodic(box)
-    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(1), n, 1.44)
     pot = potentials.lennard_jones(cutoff=2.5)
     mesh = (1,) if args.engine == "single" else args.mesh
     rows = []

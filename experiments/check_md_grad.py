@@ -18,6 +18,7 @@ line ``{"summary": ...}`` with the fitted Lyapunov exponent.
 Run (2 CPU cores, loaded: 4,000 atoms x 10 and 100 steps on three meshes ~15 min):
     python experiments/check_md_grad.py --steps 10 100
     python experiments/check_md_grad.py --steps 1000 --meshes 2x4 --engines shard_map
+    python experiments/check_md_grad.py --steps 10 100 --potential lj_sf --single-only
 Bad arguments exit 2 with one line before JAX starts.
 """
 
@@ -42,6 +43,20 @@ def _meshes(text):
     return out
 
 
+def lj_sf(r2, p):
+    """Shifted-force LJ cut at 2.5: ``u(r) - u(rc) - (r - rc) u'(rc)`` (continuous force)."""
+    import jax.numpy as jnp
+
+    def u(x2):
+        s6 = (p["sigma"] ** 2 / x2) ** 3
+        return 4.0 * p["epsilon"] * s6 * (s6 - 1.0)
+
+    rc = 2.5
+    s6c = (p["sigma"] / rc) ** 6
+    du_c = -24.0 * p["epsilon"] * s6c * (2.0 * s6c - 1.0) / rc
+    return u(r2) - u(rc * rc) - (jnp.sqrt(r2) - rc) * du_c
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = ScriptParser(prog="check_md_grad.py", description=__doc__.split("\n")[0])
     ap.add_argument("--cells", type=int_in(2, 64), nargs=3, default=[10, 10, 10])
@@ -51,6 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--devices", type=int_in(0, 4096), default=8, help="virtual CPU devices")
     ap.add_argument("--checkpoint", type=int_in(1), default=10, help="steps per remat chunk")
     ap.add_argument("--fd-step", type=float, default=1e-6, help="relative FD step")
+    ap.add_argument("--potential", choices=["lj", "lj_sf"], default="lj",
+                    help="lj: truncated at 2.5 (the force jumps there); lj_sf: shifted force "
+                         "(energy and force continuous at the cutoff)")  # fmt: skip
+    ap.add_argument("--single-only", action="store_true", help="no decomposed engines")
     args = ap.parse_args(argv)
     most = max(math.prod(m) for m in args.meshes)
     if args.devices and most > args.devices:
@@ -62,27 +81,24 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None):
     args = parse_args(argv)
-    import jax
+    from simpar.benchmark import start_jax
 
-    if args.devices:
-        jax.config.update("jax_num_cpu_devices", args.devices)
-    jax.config.update("jax_enable_x64", True)
+    jax = start_jax(args.devices)
     import dataclasses
 
     import jax.numpy as jnp
     import numpy as np
 
     from simpar.particles import differentiable as D
-    from simpar.particles import lattice, potentials
-    from simpar.particles import space as sp
+    from simpar.particles import potentials
 
-    r, box = lattice.cubic_lattice("fcc", 0.8442, args.cells)
-    r = r + 0.02 * jax.random.normal(jax.random.PRNGKey(4), r.shape, r.dtype)  # off the lattice
+    spc, r, v = D.lj_start(args.cells, jitter=0.02)  # off the lattice
     n = r.shape[0]
-    spc = sp.periodic(box)
-    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(1), n, 1.44)
     w = jax.random.normal(jax.random.PRNGKey(2), r.shape, r.dtype) / math.sqrt(n)
-    pot = potentials.lennard_jones(cutoff=2.5)
+    if args.potential == "lj":
+        pot = potentials.lennard_jones(cutoff=2.5)
+    else:
+        pot = potentials.pair(lj_sf, 2.5, {"epsilon": 1.0, "sigma": 1.0})
 
     def grads(engine, mesh, steps):
         run = D.rollout(engine, spc, pot, r, v, n_steps=steps, dt=0.005, mesh=mesh,
@@ -121,7 +137,7 @@ def main(argv=None):
             x = float(pot.params[name])
             h = args.fd_step * x
 
-            def f(val, name=name):
+            def f(val, name=name, vg=vg):
                 p = dataclasses.replace(pot, params={**pot.params, name: jnp.asarray(val)})
                 return float(vg(p, r, v)[0][0])
 
@@ -133,7 +149,7 @@ def main(argv=None):
         lyap.append((steps * 0.005, rec["lyapunov_grad_norm"]))
         print(json.dumps(rec), flush=True)
         ref = g
-        for engine in args.engines:
+        for engine in [] if args.single_only else args.engines:
             for mesh in args.meshes:
                 _, dval, dtraj, dg, dwall, _ = grads(engine, mesh, steps)
                 names = ["epsilon", "sigma", "x0", "v0"]

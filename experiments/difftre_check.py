@@ -47,23 +47,20 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    import jax
+    from simpar.benchmark import start_jax
 
-    if args.devices:
-        jax.config.update("jax_num_cpu_devices", args.devices)
-    jax.config.update("jax_enable_x64", True)
+    jax = start_jax(args.devices)
     import numpy as np
 
-    from simpar.particles import lattice, potentials, reweight
-    from simpar.particles import space as sp
+    from simpar.particles import potentials, reweight
     from simpar.particles.decomposed_sim import make_domain_simulation
+    from simpar.particles.differentiable import lj_start
 
     kt = 1.44
-    r, box = lattice.cubic_lattice("fcc", 0.8442, args.cells)
+    spc, r, v = lj_start(args.cells, kt=kt)
     n = r.shape[0]
-    spc = sp.periodic(box)
-    vol = float(np.prod(np.asarray(box)))
-    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(1), n, kt)
+    box = np.asarray(spc.box)
+    vol = float(np.prod(box))
 
     def run(eps):
         pot = potentials.lennard_jones(epsilon=eps, cutoff=2.5)

@@ -176,7 +176,8 @@ def _domain_block(ensemble, spec, comm, n_steps, checkpoint):
         # one force pass (no loop of traced length: it has no reverse mode); the rebuild
         # decision (a largest displacement over all devices) carries no tangent
         prov = decomposed.domain_provider(spec, comm, space)._replace(
-            block=None, rows=None, reduce_max=lambda x: comm.pmax(jax.lax.stop_gradient(x)))
+            block=None, rows=None, reduce_max=lambda x: comm.pmax(jax.lax.stop_gradient(x))
+        )
         step = functools.partial(md_step, ensemble, space, pot, params, prov)
         state, lists = step(state, lists, jnp.asarray(True))  # lay out ghosts, list, forces
 
@@ -304,5 +305,28 @@ def _guard(t: Trajectory, pot, cutoff: float) -> Trajectory:
     beyond the sized one sets ``NEIGHBORS`` (the lists would miss pairs)."""
     far = jnp.asarray(pot.cutoff) > cutoff
     t = t._replace(error=t.error | jnp.where(far, error_codes.NEIGHBORS, 0).astype(t.error.dtype))
-    return t._replace(**{k: _poison(getattr(t, k), t.error)
-                         for k in ("position", "velocity", "kinetic", "e_pair", "virial")})
+    return t._replace(
+        **{
+            k: _poison(getattr(t, k), t.error)
+            for k in ("position", "velocity", "kinetic", "e_pair", "virial")
+        }
+    )
+
+
+def lj_start(cells, density: float = 0.8442, kt: float = 1.44, seed: int = 1,
+             jitter: float = 0.0):  # fmt: skip
+    """The LJ start of the gradient scripts: fcc ``cells`` at ``density``, Maxwell-Boltzmann
+    velocities at ``kt`` (key ``seed``), positions jittered by ``jitter`` sigma (normal; off
+    the lattice, whose shells may sit exactly at a cutoff).
+
+    Returns:
+      (space, position float[N, 3], velocity float[N, 3]) in JAX's default float.
+    """
+    from simpar.particles import lattice
+    from simpar.particles.space import periodic
+
+    r, box = lattice.cubic_lattice("fcc", density, cells)
+    if jitter:
+        r = r + jitter * jax.random.normal(jax.random.PRNGKey(seed + 3), r.shape, r.dtype)
+    v = lattice.maxwell_boltzmann(jax.random.PRNGKey(seed), r.shape[0], kt)
+    return periodic(box), r, v
