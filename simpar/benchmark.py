@@ -187,3 +187,14 @@ def environment() -> dict:
         "cpu": cpu,
         "compiler_options": compiler_options_report(),
     }
+
+
+def start_jax(devices: int, x64: bool = True):
+    """Configure JAX for a script before its first computation: ``devices`` virtual CPU
+    devices (0: leave JAX's count; CPU only) and 64-bit floats; returns the ``jax`` module."""
+    import jax
+
+    if devices:
+        jax.config.update("jax_num_cpu_devices", devices)
+    jax.config.update("jax_enable_x64", x64)
+    return jax

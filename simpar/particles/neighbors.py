@@ -139,6 +139,10 @@ def build(
     Returns:
       A fresh ``NeighborList`` (``n_builds`` = 1, overflow flags of this build only).
     """
+    # the list is integer bookkeeping: no tangent flows through it (``jax.grad`` of a run
+    # follows the positions through the forces, ``simpar.particles.differentiable``)
+    r = jax.lax.stop_gradient(r)
+    cell_r = None if cell_r is None else jax.lax.stop_gradient(cell_r)
     n, m = spec.capacity, spec.max_neighbors
     nrow = spec.rows or n
     rad2 = jnp.asarray(spec.radius**2, r.dtype)
