@@ -114,7 +114,44 @@ def _compiled_programs_released(request):
     gc.collect()
 
 
+# Opt-in compile accounting (issue 29 item 7): ``SIMPAR_COUNT_COMPILES=1 pytest ...`` counts the
+# XLA backend compilations (jax.monitoring's backend-compile duration event, jax 0.10 and 0.12)
+# and their seconds per test, and prints the 30 heaviest tests and the total at the end. Compiles
+# in a module-scoped fixture count against the first test that uses it; subprocesses are not seen.
+_COMPILE_EVENT = "backend_compile"
+_COMPILES: dict[str, list] = {}  # nodeid -> [count, seconds]
+_CURRENT = ["(collection)"]
+if os.environ.get("SIMPAR_COUNT_COMPILES", "") not in ("", "0"):
+
+    def _on_duration(event, duration, **_):
+        if _COMPILE_EVENT in event:
+            entry = _COMPILES.setdefault(_CURRENT[0], [0, 0.0])
+            entry[0] += 1
+            entry[1] += duration
+
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _CURRENT[0] = item.nodeid
+    try:
+        return (yield)
+    finally:
+        _CURRENT[0] = "(between tests)"
+
+
 def pytest_terminal_summary(terminalreporter):
+    if _COMPILES:
+        rows = sorted(_COMPILES.items(), key=lambda kv: -kv[1][1])
+        total_n = sum(n for n, _ in _COMPILES.values())
+        total_s = sum(s for _, s in _COMPILES.values())
+        terminalreporter.write_sep("=", "XLA compiles per test (SIMPAR_COUNT_COMPILES)")
+        for nodeid, (n, s) in rows[:30]:
+            terminalreporter.write_line(f"{n:5d} compiles {s:8.2f} s  {nodeid}")
+        terminalreporter.write_line(
+            f"total: {total_n} compiles, {total_s:.2f} s of compilation in {len(rows)} tests"
+        )
     if _PEAK_MAPS[0]:
         terminalreporter.write_line(
             f"memory maps: peak {_PEAK_MAPS[0]} after {_PEAK_MAPS[1]} (before clearing JAX's "

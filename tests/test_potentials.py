@@ -135,7 +135,8 @@ def test_grad_through_parameters():
     r, spc, idx = _box()
     for shift in (False, True):
         pot = potentials.lennard_jones(epsilon=1.3, cutoff=2.5, shift=shift)
-        e, g = jax.value_and_grad(lambda p: forces.pair_forces(p, spc, r, idx)[1])(pot)
+        # jitted: one program per case (op by op, this loop compiled ~50 small programs)
+        e, g = jax.jit(jax.value_and_grad(lambda p: forces.pair_forces(p, spc, r, idx)[1]))(pot)
         assert float(g.params["epsilon"]) == pytest.approx(float(e) / 1.3, rel=1e-13)
 
     r, spc, idx = _box(cells=(2, 2, 2))  # 32 atoms, edge 3.36
@@ -177,10 +178,12 @@ def test_integrator_pairs_follow_simpar(ensemble):
     shift = functools.partial(space.wrap, spc)
     if ensemble == "nve":
         init, step = integrate.nve(force_fn, 0.005, shift)
-        s = init(space.wrap(spc, r), v, pot=pot)
+        s = jax.jit(lambda r, v, pot: init(space.wrap(spc, r), v, pot=pot))(r, v, pot)
     else:
         init, step = integrate.langevin(force_fn, 0.005, 1.0, 1.0, shift)
-        s = init(jax.random.PRNGKey(0), space.wrap(spc, r), v, pot=pot)  # simpar's default key
+        s = jax.jit(  # simpar's default key
+            lambda r, v, pot: init(jax.random.PRNGKey(0), space.wrap(spc, r), v, pot=pot)
+        )(r, v, pot)
 
     @jax.jit
     def run(s, pot):
