@@ -30,7 +30,7 @@ from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid.model import GridSetup
 from simpar.parallel.engines import advance_block
-from simpar.parallel.halo import LocalComm
+from simpar.parallel.comm import LocalComm
 
 
 @dataclass(eq=False)

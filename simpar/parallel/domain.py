@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 from simpar.parallel import blocks
 from simpar.parallel.blocks import gather_blocks, put_blocks, put_global, to_host
 from simpar.parallel.capacity import check_mesh, min_sub_box
-from simpar.parallel.halo import LocalComm, PmapComm, ShardMapComm
+from simpar.parallel.comm import LocalComm, PmapComm, ShardMapComm
 from simpar.parallel.topology import DeviceGrid
 
 ENGINES = ("local", *blocks.PER_BLOCK)  # "local": one device through LocalComm (tests, benches)

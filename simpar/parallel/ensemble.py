@@ -44,7 +44,7 @@ from simpar.parallel.engines import (
     make_engine,
     observe_block,
 )
-from simpar.parallel.halo import PmapComm
+from simpar.parallel.comm import PmapComm
 
 MEMBER_AXIS = "member"
 

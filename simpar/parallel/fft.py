@@ -57,7 +57,7 @@ from jax.sharding import PartitionSpec as P
 from simpar.errors import ConfigError
 from simpar.parallel import blocks
 from simpar.parallel.blocks import PMAP_AXIS
-from simpar.parallel.halo import LocalComm, PmapComm, ShardMapComm
+from simpar.parallel.comm import LocalComm, PmapComm, ShardMapComm
 from simpar.parallel.topology import AXIS_NAMES, DeviceGrid
 
 

@@ -1,5 +1,5 @@
 """Ghost atoms and migration of a spatially decomposed particle run, for one block and a
-``Comm`` (``LocalComm`` / ``PmapComm`` / ``ShardMapComm`` from ``halo.py``).
+``Comm`` (``LocalComm`` / ``PmapComm`` / ``ShardMapComm`` from ``simpar.parallel.comm``).
 
 The periodic box is cut into ``grid.shape`` sub-boxes (a ``DeviceGrid`` of 1 to 3 axes;
 missing axes are not split). Device ``c`` owns the atoms whose wrapped position lies in its

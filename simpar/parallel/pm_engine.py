@@ -49,7 +49,7 @@ from simpar import precision
 from simpar.errors import ConfigError, SimulationError
 from simpar.parallel import blocks, ghosts
 from simpar.parallel.blocks import PMAP_AXIS
-from simpar.parallel.halo import LocalComm
+from simpar.parallel.comm import LocalComm
 from simpar.parallel.spectral_engine import SpectralEngine
 
 PARTICLES = "particles"  # layout of per-device particle buffers (leading axis over devices)

@@ -48,7 +48,7 @@ from jax import lax
 from simpar.errors import ConfigError
 from simpar.parallel import blocks
 from simpar.parallel.blocks import ENGINES
-from simpar.parallel.halo import Comm, PmapComm, ShardMapComm
+from simpar.parallel.comm import Comm, PmapComm, ShardMapComm
 from simpar.parallel.topology import DeviceGrid
 
 __all__ = [
