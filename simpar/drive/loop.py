@@ -51,7 +51,8 @@ from simpar.io import checkpoint, untrusted
 from simpar.io.files import check_output_name, check_output_path, status_on_exit, write_error
 from simpar.io.meta import run_summary
 from simpar.parallel import distributed
-from simpar.parallel.blocks import ENGINES, check_engine, default_mesh, require_devices
+from simpar.parallel.blocks import require_devices
+from simpar.parallel.mapping import ENGINES, check_engine, default_mesh
 from simpar.progress import Progress
 
 KILL_ENV = "SIMPAR_TEST_KILL_AFTER_FRAME"

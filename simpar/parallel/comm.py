@@ -270,5 +270,50 @@ class BlockedComm(Comm):
         shape[axis] = self.grid.shape[axis]
         return lax.broadcasted_iota(jnp.int32, shape, axis)
 
+class GroupedPmapComm(PmapComm):
+    """``PmapComm`` for ``members`` copies of ``grid`` on one flat pmap axis.
 
-__all__ = ["BlockedComm", "Comm", "LocalComm", "PmapComm", "ShardMapComm"]
+    Flat index ``m * grid.size + i`` is device ``i`` of member ``m``; neighbours and
+    reductions never cross members.
+    """
+
+    def __init__(self, grid, members: int, axis_name: str = "dev"):
+        super().__init__(grid, axis_name)
+        self.members = members
+
+    def _offset(self, groups):
+        g = self.grid.size
+        return [[i + m * g for i in grp] for m in range(self.members) for grp in groups]
+
+    def shift(self, x, axis: int, direction: int):
+        pairs = self._offset([list(p) for p in self.grid.shift_pairs(axis, direction)])
+        return lax.ppermute(x, self.axis_name, [tuple(p) for p in pairs])
+
+    def ring_pairs(self):
+        return [tuple(p) for p in self._offset([list(p) for p in super().ring_pairs()])]
+
+    # coord: (flat // stride) % shape[axis] is already the member-local coordinate, since
+    # grid.size is a multiple of stride * shape[axis]
+
+    def _grouped(self, fn, x, groups):
+        if self.grid.size == 1:
+            return x
+        return fn(x, self.axis_name, axis_index_groups=self._offset(groups))
+
+    def psum(self, x):
+        return self._grouped(lax.psum, x, [list(range(self.grid.size))])
+
+    def pmax(self, x):
+        return self._grouped(lax.pmax, x, [list(range(self.grid.size))])
+
+    def pmin(self, x):
+        return self._grouped(lax.pmin, x, [list(range(self.grid.size))])
+
+    def psum_over(self, x, axes):
+        axes = [a for a in axes if self.grid.shape[a] > 1]
+        if not axes:
+            return x
+        return self._grouped(lax.psum, x, self.grid.groups(axes))
+
+
+__all__ = ["BlockedComm", "Comm", "GroupedPmapComm", "LocalComm", "PmapComm", "ShardMapComm"]

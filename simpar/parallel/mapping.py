@@ -1,0 +1,657 @@
+"""One mapping under every engine: engine + device grid + devices, and what each value is.
+
+Every family (grid models, ensembles, the N-body ring, spectral models, particle-mesh and the
+decomposed MD) is a thin user of :class:`Mapping`. A family supplies only
+
+- *layouts*: how each input and output of a per-block program splits over the devices, and
+- *per-block programs*: pure functions of one block that talk to their neighbours through
+  :attr:`Mapping.comm` (``simpar.parallel.comm``).
+
+The mapping does the rest: it builds the mesh, places host arrays on the devices
+(:meth:`Mapping.place`), gathers them back as global NumPy arrays (:meth:`Mapping.gather`) and
+maps a per-block program over the devices (:meth:`Mapping.map`):
+
+=============  =========================================  ====================================
+engine         the program                                placed values
+=============  =========================================  ====================================
+``single``     ``jax.jit`` of the program on one device   whole arrays on ``devices[0]``
+``pmap``       ``jax.pmap`` over one flat axis ``"dev"``  blocks stacked ``(n_dev, ...)``
+``shard_map``  ``jax.shard_map`` on a mesh, jitted    global arrays, ``NamedSharding``
+``sharded``    ``jax.jit`` with ``out_shardings``; XLA    global arrays, ``NamedSharding``
+               partitions the global view
+=============  =========================================  ====================================
+
+The layout vocabulary (:class:`Layout`):
+
+- :data:`REPLICATED` (or ``None``): one value everywhere (parameters, step counts, reduced
+  diagnostics).
+- :class:`Blocks`: a field ``(*lead, N_0, ..., N_{d-1})`` split into blocks over mesh axes:
+  :func:`grid_blocks` (axis ``a`` over mesh axis ``a``; the program pads its own halo) and
+  :func:`pencils` (the real or Fourier layout of an ``fft.FFTPlan``).
+- :data:`PARTICLES`: per-particle arrays ``(N, ...)`` split into equal contiguous slices along
+  axis 0, one per device (the ring's blocks; PM's slots per sub-box, flattened).
+- :data:`SLOTS`: one entry per device on a leading device axis ``(n_dev, ...)``; the program
+  sees one device's entry without that axis (the decomposed MD's buffers per sub-box).
+- ensemble members on device groups: ``Mapping(..., members=m)`` gives every value a leading
+  member axis; member ``k`` runs on its own group of ``grid.size`` devices (``pmap``: the
+  ``k``-th group of consecutive devices; ``shard_map``/``sharded``: a mesh axis ``"member"``;
+  ``single``: ``jax.vmap``). Within an ensemble :data:`REPLICATED` means one value per member.
+
+This module is the only one that compares engine names (besides the command line's option
+parsing); other modules ask an :class:`EngineKind` (``kind(engine).per_block`` ...) or a
+:class:`Mapping` (``tests/test_layers.py`` counts the comparisons).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from simpar.errors import ConfigError
+from simpar.parallel import blocks
+from simpar.parallel.comm import BlockedComm, GroupedPmapComm, LocalComm, PmapComm, ShardMapComm
+from simpar.parallel.halo import from_blocks, to_blocks
+from simpar.parallel.topology import DeviceGrid
+
+MEMBER_AXIS = "member"
+
+
+# --------------------------------------------------------------------------------------------
+# Engines: names and what each one is
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineKind:
+    """What an engine is, as the code that uses it needs to know.
+
+    Attributes:
+      name: the engine name.
+      one_device: runs on one device (``single``).
+      per_block: runs a per-block program with explicit collectives (``pmap``, ``shard_map``).
+      stacked: placed values are blocks stacked on a leading device axis (``pmap``).
+      partitioned: XLA partitions a global-view program over a mesh (``sharded``).
+    """
+
+    name: str
+    one_device: bool = False
+    per_block: bool = False
+    stacked: bool = False
+    partitioned: bool = False
+
+    @property
+    def has_mesh(self) -> bool:
+        """A named ``jax.sharding.Mesh`` holds the values (``shard_map``, ``sharded``)."""
+        return not (self.one_device or self.stacked)
+
+
+KINDS = {
+    "single": EngineKind("single", one_device=True),
+    "pmap": EngineKind("pmap", per_block=True, stacked=True),
+    "shard_map": EngineKind("shard_map", per_block=True),
+    "sharded": EngineKind("sharded", partitioned=True),
+}
+ENGINES = tuple(KINDS)
+PER_BLOCK = tuple(n for n, k in KINDS.items() if k.per_block)
+"""The engines that run a per-block program with explicit collectives (the others run the
+global view: one device, or XLA partitioning a jit-compiled step)."""
+_LOCAL = EngineKind("local", one_device=True)  # one device through LocalComm (tests, benches)
+
+
+def check_engine(name: str, key: str = "--engine", allowed: Sequence[str] = ENGINES) -> str:
+    """``name`` if it is one of ``allowed``, else a ``ConfigError`` on ``key`` listing them."""
+    if name not in allowed:
+        raise ConfigError(key, f"unknown engine {name!r}; choose one of {', '.join(allowed)}")
+    return name
+
+
+def kind(name: str, key: str = "--engine") -> EngineKind:
+    """The :class:`EngineKind` of ``name`` (``"local"``: one device, for tests and benches).
+
+    Raises:
+      ConfigError: on ``key`` for an unknown engine.
+    """
+    if name == "local":
+        return _LOCAL
+    return KINDS[check_engine(name, key)]
+
+
+def default_mesh(
+    engine: str, mesh: Sequence[int] | None, n_devices: int, members: int = 1
+) -> tuple[int, ...]:
+    """The device grid a run uses.
+
+    Args:
+      engine: one of ``ENGINES``.
+      mesh: the requested device-grid shape (``--mesh`` / ``parallel.mesh``), or None.
+      n_devices: devices JAX sees (``len(jax.devices())``, every process).
+      members: ensemble members sharing the devices (the mesh is one member's).
+
+    Returns:
+      ``(1,)`` for ``single`` whatever the mesh (one command line serves a loop over every
+      engine); the requested mesh; else every device along the first axis
+      (``(n_devices // members,)``).
+    """
+    if kind(engine).one_device:
+        return (1,)
+    if mesh is not None:
+        return tuple(int(m) for m in mesh)
+    return (max(n_devices // max(members, 1), 1),)
+
+
+def require_one_process(engine: str, key: str = "--engine") -> None:
+    """``ConfigError`` when ``engine`` is ``single`` in a multi-process run."""
+    if kind(engine).one_device and jax.process_count() > 1:
+        raise ConfigError(
+            key,
+            f"engine 'single' runs in one process; this run has {jax.process_count()} "
+            "(use pmap, shard_map or sharded)",
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Layouts
+# --------------------------------------------------------------------------------------------
+class Layout:
+    """How one input or output of a per-block program splits over the devices."""
+
+
+@dataclass(frozen=True)
+class Replicated(Layout):
+    """One value on every device (per member in an ensemble)."""
+
+
+@dataclass(frozen=True)
+class Blocks(Layout):
+    """A field ``(*lead, N_0, ..., N_{d-1})`` split into blocks.
+
+    Attributes:
+      split: per spatial axis, the mesh axes that split it, major first (``((0,), (1,))``:
+        x over mesh axis 0, y over mesh axis 1). A mesh axis that splits no spatial axis holds
+        copies of the block.
+      nlead: leading axes, never split; ``None``: every axis before the trailing
+        ``len(split)`` ones.
+    """
+
+    split: tuple[tuple[int, ...], ...]
+    nlead: int | None = None
+
+
+@dataclass(frozen=True)
+class Particles(Layout):
+    """Per-particle arrays ``(N, ...)`` in equal contiguous slices along axis 0, one per device
+    (``sharded``: split along ``N`` when it divides, else replicated)."""
+
+
+@dataclass(frozen=True)
+class Slots(Layout):
+    """One entry per device on a leading device axis ``(n_dev, ...)``; the program sees its own
+    entry without the axis."""
+
+
+REPLICATED = Replicated()
+PARTICLES = Particles()
+SLOTS = Slots()
+
+
+def grid_blocks(d: int, nlead: int | None = None) -> Blocks:
+    """A grid field whose spatial axis ``a`` is split over mesh axis ``a`` (``d`` axes)."""
+    return Blocks(tuple((a,) for a in range(d)), nlead)
+
+
+def pencils(plan, fourier: bool, nlead: int | None = 0) -> Blocks:
+    """The real-space (``fourier=False``) or Fourier layout of an ``fft.FFTPlan``."""
+    return Blocks(plan.fourier_split if fourier else plan.real_split, nlead)
+
+
+def _norm(layout) -> Layout:
+    return REPLICATED if layout is None else layout
+
+
+def _each(layouts, fn):
+    """``fn`` of each layout in a pytree of layouts (tuples, lists, dicts; ``None`` is
+    :data:`REPLICATED`)."""
+    if layouts is None or isinstance(layouts, Layout):
+        return fn(_norm(layouts))
+    if isinstance(layouts, dict):
+        return {k: _each(v, fn) for k, v in layouts.items()}
+    return type(layouts)(_each(v, fn) for v in layouts)
+
+
+def _each2(layouts, values, fn):
+    """``fn(layout, value)`` over a layout prefix of the ``values`` pytree."""
+    if layouts is None or isinstance(layouts, Layout):
+        return jax.tree.map(lambda v: fn(_norm(layouts), v), values)
+    if isinstance(layouts, dict):
+        return {k: _each2(layouts[k], values[k], fn) for k in values}
+    return type(layouts)(_each2(a, v, fn) for a, v in zip(layouts, values, strict=True))
+
+
+def _traced(tree) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks <-> stacks (pmap), for any split
+# --------------------------------------------------------------------------------------------
+def _stack(u, split, mesh, nlead: int):
+    """Global ``(*lead, *spatial)`` -> ``(prod(mesh), *lead, *block)`` (C order over ``mesh``).
+
+    NumPy or JAX arrays (reshape/transpose only). For a grid split it equals
+    ``halo.to_blocks`` flattened."""
+    if all(s == (a,) for a, s in enumerate(split)) and len(split) == len(mesh):
+        b = to_blocks(u, mesh, len(split))
+        return b.reshape(math.prod(mesh), *b.shape[len(mesh) :])
+    xp = np if isinstance(u, np.ndarray) else jnp
+    shape, pos, blk = list(u.shape[:nlead]), {}, []
+    for a, s in enumerate(split):
+        n = u.shape[nlead + a]
+        for g in s:
+            pos[g] = len(shape)
+            shape.append(mesh[g])
+        blk.append(len(shape))
+        shape.append(n // math.prod(mesh[g] for g in s))
+    r = u.reshape(shape)
+    r = r.transpose([pos[g] for g in sorted(pos)] + list(range(nlead)) + blk)
+    for g, m in enumerate(mesh):  # a mesh axis that splits nothing holds copies
+        if g not in pos:
+            r = xp.broadcast_to(xp.expand_dims(r, g), r.shape[:g] + (m,) + r.shape[g:])
+    return r.reshape(math.prod(mesh), *r.shape[len(mesh) :])
+
+
+def _unstack(b, split, mesh, nlead: int):
+    """Inverse of :func:`_stack`: ``(prod(mesh), *lead, *block)`` -> ``(*lead, *spatial)``."""
+    d = len(split)
+    if all(s == (a,) for a, s in enumerate(split)) and d == len(mesh):
+        return from_blocks(b.reshape(*mesh, *b.shape[1:]), mesh, d)
+    r = b.reshape(*mesh, *b.shape[1:])
+    r = r[tuple(slice(None) if any(g in s for s in split) else 0 for g in range(len(mesh)))]
+    kept = [g for g in range(len(mesh)) if any(g in s for s in split)]
+    at = {g: i for i, g in enumerate(kept)}
+    k = len(kept)
+    order = [k + i for i in range(nlead)]
+    for a, s in enumerate(split):
+        order += [at[g] for g in s] + [k + nlead + a]
+    r = r.transpose(order)
+    full = [b.shape[1 + nlead + a] * math.prod(mesh[g] for g in s) for a, s in enumerate(split)]
+    return r.reshape(*b.shape[1 : 1 + nlead], *full)
+
+
+# --------------------------------------------------------------------------------------------
+# The mapping
+# --------------------------------------------------------------------------------------------
+class Mapping:
+    """Engine + device grid + devices: places, gathers and maps per-block programs.
+
+    Args:
+      engine: one of ``ENGINES`` (or ``"local"``: one device, as ``single``).
+      grid: the device grid (``DeviceGrid``: devices per mesh axis and which axes wrap);
+        ignored (``(1,) * ndim``) on one device.
+      devices: the devices, C order over the grid (default ``jax.devices()``); the first
+        ``members * grid.size`` are used.
+      members: ensemble members (``None``: no ensemble), each on its own group of devices.
+
+    Attributes:
+      engine, kind (:class:`EngineKind`), grid, members, devices (those used), mesh (a ``Mesh``
+      for ``shard_map``/``sharded``, else ``None``), comm (the ``Comm`` a per-block program
+      uses), blocked_comm (``sharded``: the ``BlockedComm`` of the blocked global view).
+    """
+
+    def __init__(self, engine: str, grid: DeviceGrid, devices=None, members: int | None = None):
+        self.kind = kind(engine)
+        self.engine = engine
+        self.grid = grid
+        self.members = None if members is None else int(members)
+        m = self.members or 1
+        available = list(jax.devices() if devices is None else devices)
+        n = 1 if self.kind.one_device else m * grid.size
+        self.devices = available[:n]
+        self.mesh = None
+        names = grid.axis_names
+        if self.kind.has_mesh:
+            shape = grid.shape if self.members is None else (m, *grid.shape)
+            names = names if self.members is None else (MEMBER_AXIS, *names)
+            self.mesh = blocks.make_mesh(shape, names, self.devices)
+        if self.kind.stacked:
+            self.comm = (
+                PmapComm(grid, blocks.PMAP_AXIS)
+                if self.members is None
+                else GroupedPmapComm(grid, m, blocks.PMAP_AXIS)
+            )
+        elif self.kind.per_block:
+            self.comm = ShardMapComm(grid)
+        else:
+            self.comm = LocalComm(grid.ndim)
+        self.blocked_comm = BlockedComm(grid) if self.kind.partitioned else None
+
+    # -- shardings --------------------------------------------------------------------------------
+    def _names(self, split) -> tuple:
+        out = []
+        for s in split:
+            names = tuple(self.grid.axis_names[g] for g in s)
+            out.append(None if not names else names[0] if len(names) == 1 else names)
+        return tuple(out)
+
+    def _nlead(self, layout: Blocks, ndim: int) -> int:
+        """Leading axes of a global value of rank ``ndim`` (member axis excluded)."""
+        if layout.nlead is not None:
+            return layout.nlead
+        if ndim is None:
+            raise ValueError(
+                "Blocks(nlead=None) needs the value's rank: give out_layouts as a "
+                "function of the abstract results"
+            )
+        return ndim - len(layout.split) - (self.members is not None)
+
+    def spec(self, layout, ndim: int, n: int | None = None) -> P:
+        """``PartitionSpec`` of a global value of rank ``ndim`` in ``layout`` (mesh engines).
+
+        ``n``: the length of a :data:`PARTICLES` axis (``sharded`` replicates it when the
+        devices do not divide it)."""
+        layout = _norm(layout)
+        member = () if self.members is None else (MEMBER_AXIS,)
+        if isinstance(layout, Replicated):
+            return P(*member)
+        if isinstance(layout, Blocks):
+            nl = self._nlead(layout, ndim)
+            return P(*member, *(None,) * nl, *self._names(layout.split))
+        if isinstance(layout, Particles) and n is not None and n % self.grid.size:
+            return P(*member)
+        return P(*member, self.grid.axis_names)  # Particles, Slots: axis 0 over every axis
+
+    def sharding(self, layout, ndim: int, n: int | None = None):
+        """Where a global value of rank ``ndim`` in ``layout`` lives: a ``NamedSharding`` on
+        the mesh engines, the one device otherwise (``pmap`` has none: its values are
+        stacks)."""
+        if self.mesh is None:
+            return jax.sharding.SingleDeviceSharding(self.devices[0])
+        return blocks.sharding(self.mesh, *self.spec(layout, ndim, n))
+
+    # -- host <-> devices -------------------------------------------------------------------------
+    def stack(self, x, layout):
+        """A global value -> the ``pmap`` stack ``(n_dev, ...)`` (NumPy or JAX, traced too)."""
+        layout = _norm(layout)
+        g, m = self.grid, self.members
+        if isinstance(layout, Slots):
+            return x
+        if isinstance(layout, Particles):
+            return x.reshape((g.size, x.shape[0] // g.size) + x.shape[1:])
+        if isinstance(layout, Replicated):
+            if m is None:
+                return x
+            return jnp.repeat(x, g.size, axis=0)  # each member's value on its devices
+        nl = self._nlead(layout, np.ndim(x)) + (m is not None)
+        b = _stack(x, layout.split, g.shape, nl)
+        if m is None:
+            return b
+        b = b.swapaxes(0, 1)  # member-major: member k on the k-th group of devices
+        return b.reshape(m * g.size, *b.shape[2:])
+
+    def unstack(self, b, layout):
+        """Inverse of :meth:`stack` (host stacks of every process's blocks)."""
+        layout = _norm(layout)
+        g, m = self.grid, self.members
+        if isinstance(layout, Slots):
+            return b
+        if isinstance(layout, Particles):
+            return b.reshape((-1,) + b.shape[2:])
+        if isinstance(layout, Replicated):
+            return b if m is None else b.reshape(m, g.size, *b.shape[1:])[:, 0]
+        if m is not None:
+            b = b.reshape(m, g.size, *b.shape[1:]).swapaxes(0, 1)
+            b = b.reshape(g.size, *b.shape[1:])
+        nl = b.ndim - 1 - len(layout.split) if layout.nlead is None else layout.nlead
+        nl += (m is not None) and layout.nlead is not None
+        return _unstack(b, layout.split, g.shape, nl)
+
+    def place(self, x, layout):
+        """A global value -> the devices in ``layout``.
+
+        Args:
+          x: the global value (host, ``jax.Array`` or a tracer; a traced value stays traced).
+          layout: a :class:`Layout` (``None``: :data:`REPLICATED`).
+
+        Returns:
+          ``pmap``: the stack ``(n_dev, ...)`` (replicated values as they are); else a global
+          ``jax.Array`` (``NamedSharding`` on the mesh engines). In a multi-process run each
+          process places only its own devices' blocks (every process passes the whole value).
+        """
+        layout = _norm(layout)
+        if self.kind.stacked:
+            if isinstance(layout, Replicated):  # pmap takes it as it is (members: per call)
+                return x
+            x = x if isinstance(x, jax.Array) else np.asarray(x)
+            b = self.stack(x, layout)
+            if isinstance(x, jax.core.Tracer):  # the pmapped program distributes it
+                return b
+            return blocks.put_blocks(b, self.devices)
+        if self.mesh is None:
+            return blocks.place(x, self.devices[0])  # one device (pmap: stacked, above)
+        n = np.shape(x)[0] if isinstance(layout, Particles) else None
+        return blocks.place(x, self.sharding(layout, np.ndim(x), n))
+
+    def gather(self, x, layout):
+        """The global value of a placed value or mapped result as host NumPy (a collective in
+        multi-process runs); a traced value stays a traced global value."""
+        layout = _norm(layout)
+        if isinstance(x, jax.core.Tracer):
+            return self.unstack(x, layout) if self.kind.stacked else x
+        if not self.kind.stacked:
+            return blocks.to_host(x)
+        if isinstance(layout, Replicated) and self.members is None:
+            return np.asarray(blocks.to_host(x))
+        # under pmap each process holds its own devices' blocks: every process's first
+        return self.unstack(blocks.gather_blocks(x), layout)
+
+    # -- mapped programs ------------------------------------------------------------------------
+    def map(
+        self,
+        fn: Callable,
+        in_layouts: Sequence,
+        out_layouts,
+        donate: bool = False,
+        blocked: bool = False,
+    ) -> Callable:
+        """``fn`` (a per-block program over :attr:`comm`) on every device.
+
+        Args:
+          fn: ``fn(*args) -> result``. ``pmap``/``shard_map``: it sees one block of each
+            distributed argument; ``single``/``sharded``: whole values (``blocked``: see below).
+          in_layouts: one layout (or a pytree prefix of layouts) per argument.
+          out_layouts: the same for the result, or a function of the abstract result of one
+            block (``jax.ShapeDtypeStruct`` pytree) giving them (e.g. by rank).
+          donate: the first argument's buffers are consumed.
+          blocked: ``sharded`` only: :class:`Blocks` arguments reach ``fn`` in the blocked
+            global view ``(*grid.shape, *lead, *block)`` (one block per device) and ``fn`` uses
+            :attr:`blocked_comm`; XLA turns its rolls into collective-permutes.
+
+        Returns:
+          A function of the placed arguments giving placed results.
+        """
+        in_layouts = tuple(in_layouts)
+        donate_argnums = (0,) if donate else ()
+        k = self.kind
+        if k.stacked:
+            return self._map_pmap(fn, in_layouts, out_layouts, donate)
+        if k.per_block:
+            return self._map_shard_map(fn, in_layouts, out_layouts, donate_argnums)
+        if self.members is not None:
+            fn = jax.vmap(fn)
+        if k.one_device:
+            return jax.jit(fn, donate_argnums=donate_argnums)
+        if blocked:
+            return self._map_blocked(fn, in_layouts, out_layouts, donate_argnums)
+        if callable(out_layouts) and not isinstance(out_layouts, Layout):
+
+            def run(*args):
+                outs = jax.eval_shape(fn, *args)
+                return jax.lax.with_sharding_constraint(
+                    fn(*args), self._out_shardings(out_layouts(self._block_avals(outs)), outs)
+                )
+
+            return jax.jit(run, donate_argnums=donate_argnums)
+        out_shardings = _each(out_layouts, lambda ls: self.sharding(ls, None))
+        return jax.jit(fn, out_shardings=out_shardings, donate_argnums=donate_argnums)
+
+    def _out_shardings(self, layouts, outs):
+        return _each2(layouts, outs, lambda ls, v: self.sharding(ls, v.ndim))
+
+    def _map_pmap(self, fn, in_layouts, out_layouts, donate):
+        def axis(ls):
+            return None if isinstance(ls, Replicated) and self.members is None else 0
+
+        in_axes = tuple(_each(ls, axis) for ls in in_layouts)
+
+        def prep(args):
+            if self.members is None:
+                return args
+            return tuple(
+                _each2(ls, a, lambda l_, v: self.stack(v, l_) if isinstance(l_, Replicated) else v)
+                for ls, a in zip(in_layouts, args, strict=True)
+            )
+
+        if not callable(out_layouts) or isinstance(out_layouts, Layout):
+            pm = blocks.pmap(
+                fn, self.devices, in_axes=in_axes, out_axes=_each(out_layouts, axis), donate=donate
+            )
+            return lambda *args: pm(*prep(args))
+        cache = {}
+
+        def run(*args):
+            args = prep(args)
+            key = jax.tree.structure(args)
+            if key not in cache:
+                probe = blocks.pmap(fn, self.devices, in_axes=in_axes)
+                outs = jax.eval_shape(probe, *args)
+                outs = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape[1:], v.dtype), outs)
+                lay = out_layouts(outs)
+                cache[key] = blocks.pmap(
+                    fn, self.devices, in_axes=in_axes, out_axes=_each(lay, axis), donate=donate
+                )
+            return cache[key](*args)
+
+        return run
+
+    def _map_shard_map(self, fn, in_layouts, out_layouts, donate_argnums):
+        if self.members is not None:
+            inner = fn
+
+            def fn(*args):  # one member's block: strip and restore the member axis
+                out = inner(*jax.tree.map(lambda a: a[0], args))
+                return jax.tree.map(lambda a: a[None], out)
+
+        if _any(
+            in_layouts, Slots
+        ):  # one entry per device: the program sees it without the device axis
+            body, slot_in = fn, in_layouts
+
+            def fn(*args):
+                args = tuple(
+                    _each2(ls, a, lambda l_, v: v[0] if isinstance(l_, Slots) else v)
+                    for ls, a in zip(slot_in, args, strict=True)
+                )
+                return jax.tree.map(lambda v: v[None], body(*args))
+
+        def specs_in(args):
+            return tuple(
+                _each2(ls, a, lambda l_, v: self.spec(l_, np.ndim(v), _len(l_, v)))
+                for ls, a in zip(in_layouts, args, strict=True)
+            )
+
+        def run(*args):
+            ins = specs_in(args)
+            if callable(out_layouts) and not isinstance(out_layouts, Layout):
+                probe = blocks.shard_map(fn, self.mesh, ins, P(), check_vma=False)
+                outs = jax.eval_shape(probe, *args)
+                outs = self._block_avals(outs)
+                lay = out_layouts(outs)
+                outs_spec = _each2(lay, outs, lambda l_, v: self.spec(l_, v.ndim))
+            else:
+                outs_spec = _each(out_layouts, lambda l_: self.spec(l_, None))
+            # check_vma off: values reduced over every device (psum, pmax) meet per-device
+            # values in lax.cond / while_loop carries; they are equal on every device by design
+            return blocks.shard_map(fn, self.mesh, ins, outs_spec, check_vma=False)(*args)
+
+        return jax.jit(run, donate_argnums=donate_argnums)
+
+    def _block_avals(self, outs):
+        """Abstract results of one block (members: without the member axis)."""
+        if self.members is None:
+            return outs
+        return jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape[1:], v.dtype), outs)
+
+    def _map_blocked(self, fn, in_layouts, out_layouts, donate_argnums):
+        g = self.grid
+
+        def view(ls, v):
+            if not isinstance(ls, Blocks):
+                return v
+            d = len(ls.split)
+            b = to_blocks(v, g.shape, d)
+            spec = P(*g.axis_names, *(None,) * (b.ndim - g.ndim))
+            return lax.with_sharding_constraint(b, blocks.sharding(self.mesh, *spec))
+
+        def run(*args):
+            args = tuple(_each2(ls, a, view) for ls, a in zip(in_layouts, args, strict=True))
+            out = fn(*args)
+            lay = out_layouts
+            if callable(lay) and not isinstance(lay, Layout):
+                lay = lay(
+                    jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape[g.ndim :], v.dtype), out)
+                )
+
+            def back(ls, v):
+                if not isinstance(ls, Blocks):
+                    return lax.with_sharding_constraint(v, self.sharding(ls, v.ndim))
+                u = from_blocks(v, g.shape, len(ls.split))
+                return lax.with_sharding_constraint(u, self.sharding(ls, u.ndim))
+
+            # keep the result laid out like the input (no silent resharding between chunks)
+            return _each2(lay, out, back)
+
+        return jax.jit(run, donate_argnums=donate_argnums)
+
+
+def _any(layouts, cls) -> bool:
+    found = []
+    _each(layouts, lambda ls: found.append(isinstance(ls, cls)))
+    return any(found)
+
+
+def _len(layout, v):
+    return np.shape(v)[0] if isinstance(layout, Particles) else None
+
+
+def device_grid(mesh: Sequence[int], periodic: bool = True) -> DeviceGrid:
+    """A ``DeviceGrid`` of ``mesh`` whose axes all wrap (spectral grids, rings)."""
+    mesh = tuple(int(m) for m in mesh)
+    return DeviceGrid(mesh, (bool(periodic),) * len(mesh))
+
+
+__all__ = [
+    "ENGINES",
+    "KINDS",
+    "PARTICLES",
+    "PER_BLOCK",
+    "REPLICATED",
+    "SLOTS",
+    "Blocks",
+    "EngineKind",
+    "Layout",
+    "Mapping",
+    "Particles",
+    "Replicated",
+    "Slots",
+    "check_engine",
+    "default_mesh",
+    "device_grid",
+    "grid_blocks",
+    "kind",
+    "pencils",
+    "require_one_process",
+]
