@@ -52,7 +52,7 @@ from simpar.io.files import check_output_name, check_output_path, status_on_exit
 from simpar.io.meta import run_summary
 from simpar.parallel import distributed
 from simpar.parallel.blocks import require_devices
-from simpar.parallel.mapping import ENGINES, check_engine, default_mesh
+from simpar.parallel.mapping import ENGINES, check_engine, default_mesh, kind
 from simpar.progress import Progress
 
 KILL_ENV = "SIMPAR_TEST_KILL_AFTER_FRAME"
@@ -283,7 +283,7 @@ def read_options(
     multi = distributed.process_count() > 1
     if opts.mesh is not None:
         mesh, mesh_key = tuple(int(m) for m in opts.mesh), "--mesh"
-    elif opts.engine not in (None, "single") and (opts.devices is not None or multi):
+    elif opts.engine is not None and not kind(opts.engine).one_device and (opts.devices is not None or multi):
         mesh, mesh_key = None, "--devices"  # the command line's devices, not the config's mesh
     else:
         mesh, mesh_key = (tuple(cfg_mesh) if cfg_mesh else None), "parallel.mesh"
@@ -327,7 +327,7 @@ def device_mesh(
     mesh = common.mesh if mesh is None else mesh
     key = common.mesh_key if key is None else key
     out = default_mesh(common.engine, mesh, common.n_devices, members)
-    if common.engine != "single":
+    if not kind(common.engine).one_device:
         require_devices(out, common.n_devices, key, members)
     return out
 

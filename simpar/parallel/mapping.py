@@ -483,6 +483,7 @@ class Mapping:
         if self.members is not None:
             fn = jax.vmap(fn)
         if k.one_device:
+            fn = _slot_view(fn, in_layouts)
             return jax.jit(fn, donate_argnums=donate_argnums)
         if blocked:
             return self._map_blocked(fn, in_layouts, out_layouts, donate_argnums)
@@ -495,7 +496,10 @@ class Mapping:
                 )
 
             return jax.jit(run, donate_argnums=donate_argnums)
-        out_shardings = _each(out_layouts, lambda ls: self.sharding(ls, None))
+        # PARTICLES results: where XLA puts them (their length may not divide the devices)
+        out_shardings = _each(
+            out_layouts, lambda ls: None if isinstance(ls, Particles) else self.sharding(ls, None)
+        )
         return jax.jit(fn, out_shardings=out_shardings, donate_argnums=donate_argnums)
 
     def _out_shardings(self, layouts, outs):
@@ -545,17 +549,7 @@ class Mapping:
                 out = inner(*jax.tree.map(lambda a: a[0], args))
                 return jax.tree.map(lambda a: a[None], out)
 
-        if _any(
-            in_layouts, Slots
-        ):  # one entry per device: the program sees it without the device axis
-            body, slot_in = fn, in_layouts
-
-            def fn(*args):
-                args = tuple(
-                    _each2(ls, a, lambda l_, v: v[0] if isinstance(l_, Slots) else v)
-                    for ls, a in zip(slot_in, args, strict=True)
-                )
-                return jax.tree.map(lambda v: v[None], body(*args))
+        fn = _slot_view(fn, in_layouts)
 
         def specs_in(args):
             return tuple(
@@ -615,6 +609,22 @@ class Mapping:
             return _each2(lay, out, back)
 
         return jax.jit(run, donate_argnums=donate_argnums)
+
+
+def _slot_view(fn, in_layouts):
+    """``fn`` seeing each :data:`SLOTS` argument's one entry (``(1, ...)`` -> ``(...)``), its
+    results given a leading device axis again (as under ``pmap``)."""
+    if not _any(in_layouts, Slots):
+        return fn
+
+    def one(*args):
+        args = tuple(
+            _each2(ls, a, lambda l_, v: v[0] if isinstance(l_, Slots) else v)
+            for ls, a in zip(in_layouts, args, strict=True)
+        )
+        return jax.tree.map(lambda v: v[None], fn(*args))
+
+    return one
 
 
 def _any(layouts, cls) -> bool:
