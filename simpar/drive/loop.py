@@ -283,7 +283,11 @@ def read_options(
     multi = distributed.process_count() > 1
     if opts.mesh is not None:
         mesh, mesh_key = tuple(int(m) for m in opts.mesh), "--mesh"
-    elif opts.engine is not None and not kind(opts.engine).one_device and (opts.devices is not None or multi):
+    elif (
+        opts.engine is not None
+        and not (opts.engine and kind(opts.engine).one_device)
+        and (opts.devices is not None or multi)
+    ):
         mesh, mesh_key = None, "--devices"  # the command line's devices, not the config's mesh
     else:
         mesh, mesh_key = (tuple(cfg_mesh) if cfg_mesh else None), "parallel.mesh"

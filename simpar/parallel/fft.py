@@ -56,6 +56,7 @@ from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
 from simpar.parallel import blocks, mapping
+from simpar.parallel.blocks import PMAP_AXIS  # noqa: F401  (re-exported: tests and scripts name it)
 from simpar.parallel.comm import LocalComm, ShardMapComm
 from simpar.parallel.topology import AXIS_NAMES, DeviceGrid
 

@@ -185,7 +185,14 @@ class Blocks(Layout):
 @dataclass(frozen=True)
 class Particles(Layout):
     """Per-particle arrays ``(N, ...)`` in equal contiguous slices along axis 0, one per device
-    (``sharded``: split along ``N`` when it divides, else replicated)."""
+    (``sharded``: split along ``N`` when it divides, else replicated).
+
+    Attributes:
+      even: the devices always divide ``N`` (the ring): ``sharded`` results are then split
+        along ``N`` too; else XLA places them (``N`` may not divide).
+    """
+
+    even: bool = False
 
 
 @dataclass(frozen=True)
@@ -498,7 +505,10 @@ class Mapping:
             return jax.jit(run, donate_argnums=donate_argnums)
         # PARTICLES results: where XLA puts them (their length may not divide the devices)
         out_shardings = _each(
-            out_layouts, lambda ls: None if isinstance(ls, Particles) else self.sharding(ls, None)
+            out_layouts,
+            lambda ls: (
+                None if isinstance(ls, Particles) and not ls.even else self.sharding(ls, None)
+            ),
         )
         return jax.jit(fn, out_shardings=out_shardings, donate_argnums=donate_argnums)
 

@@ -48,7 +48,7 @@ from jax import lax
 from simpar.errors import ConfigError
 from simpar.parallel import blocks, mapping
 from simpar.parallel.comm import Comm
-from simpar.parallel.mapping import ENGINES, PARTICLES, REPLICATED, Mapping
+from simpar.parallel.mapping import ENGINES, REPLICATED, Mapping, Particles
 from simpar.parallel.topology import DeviceGrid
 
 __all__ = [
@@ -218,6 +218,8 @@ def make_ring_engine(engine: str, n_devices: int, kernels: RingKernels) -> RingE
     check_layout(n_devices, engine, n_devices)
     m = Mapping(engine, DeviceGrid((n_devices,), (True,)), jax.devices()[:n_devices])
     ring = Ring(m.comm if m.kind.per_block else None)  # one block: the whole system
+
+    PARTICLES = Particles(even=True)  # N is a multiple of the ring (check_layout)
 
     def mapped(fn, ins, outs):
         return m.map(functools.partial(fn, ring=ring), ins, outs)
