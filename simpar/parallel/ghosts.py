@@ -35,12 +35,30 @@ caller can flag an overflow, nothing is dropped silently.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from simpar.errors import SimulationError
-from simpar.parallel.capacity import MARGIN, DomainSpec
+from simpar.parallel.capacity import MARGIN
+from simpar.parallel.topology import DeviceGrid
+
+
+class DomainSpec(Protocol):
+    """What the exchange reads of a decomposed run's static layout (answered by
+    ``simpar.particles.domain_spec.DomainSpec``, which ``simpar.parallel`` does not import)."""
+
+    grid: DeviceGrid
+    capacity: int
+    migrate: int
+    send: tuple[int, ...]
+    nbr: object  # radius, max_neighbors, column_capacity
+    ghost_axes: tuple[bool, bool, bool]
+    hops: tuple[int, int, int]
+    stages: tuple[tuple[int, int, int], ...]
+    shape3: tuple[int, int, int]
 
 _BIG = np.iinfo(np.int32).max
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from simpar.errors import ConfigError, SimulationError
 from simpar.parallel import blocks, mapping
-from simpar.parallel.capacity import DomainSpec, check_mesh, grow, guess, round8
+from simpar.parallel.capacity import check_mesh
 from simpar.parallel.ghosts import collect, distribute
 from simpar.parallel.mapping import REPLICATED, SLOTS, Mapping
 from simpar.parallel.topology import DeviceGrid
@@ -31,6 +31,7 @@ from simpar.particles.decomposed import (
     make_spec,
     thermo_block,
 )
+from simpar.particles.domain_spec import DomainSpec, grow, guess, round8
 from simpar.particles.potentials import PairPotential
 from simpar.particles.space import Space, wrap
 from simpar.particles.step import Regrowing
