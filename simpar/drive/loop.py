@@ -368,7 +368,7 @@ def _drive(model, data: dict, config_text: str, opts: Options, watch, cfg) -> di
                 "--steps", f"the checkpoint is at step {ck_step}; ask for more steps to resume"
             )
         start = ck_step - first
-        untrusted.check_output(c.path, step=ck_step)  # before any compilation
+        check_output(c.path, step=ck_step)  # before any compilation
     elif c.path.exists() and not c.overwrite:
         raise ConfigError(
             "--out",
@@ -479,3 +479,25 @@ def _drive(model, data: dict, config_text: str, opts: Options, watch, cfg) -> di
         wall_s=wall,
         **run.summary(obs0, obs, c.steps - start, wall),
     )
+
+
+def check_output(path, *, step: int | None, key: str = "--resume") -> None:
+    """The checks of ``nclayout.check_grid_output`` or ``h5md_read.check_h5md_output`` that need no
+    template (links, storage, frames at ``step``), whichever the file is (a grid file has a
+    root ``time``): made as soon as ``--resume`` is read, before the run compiles anything.
+
+    Raises:
+      ConfigError: a missing, unreadable or crafted file, naming it and the dataset.
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(key, f"output file {os.fspath(path)!r} does not exist")
+    with untrusted.no_plugins(), untrusted.open_readonly(path, key) as f:
+        grid = f.get("time", getlink=True) is not None
+    if grid:
+        from simpar.io.nclayout import check_grid_output
+
+        check_grid_output(path, step=step, key=key)
+    else:
+        from simpar.io.h5md_read import check_h5md_output
+
+        check_h5md_output(path, step=step, key=key)

@@ -21,21 +21,14 @@ engine         the program                                placed values
                partitions the global view
 =============  =========================================  ====================================
 
-The layout vocabulary (:class:`Layout`):
-
-- :data:`REPLICATED` (or ``None``): one value everywhere (parameters, step counts, reduced
-  diagnostics).
-- :class:`Blocks`: a field ``(*lead, N_0, ..., N_{d-1})`` split into blocks over mesh axes:
-  :func:`grid_blocks` (axis ``a`` over mesh axis ``a``; the program pads its own halo) and
-  :func:`pencils` (the real or Fourier layout of an ``fft.FFTPlan``).
-- :data:`PARTICLES`: per-particle arrays ``(N, ...)`` split into equal contiguous slices along
-  axis 0, one per device (the ring's blocks; PM's slots per sub-box, flattened).
-- :data:`SLOTS`: one entry per device on a leading device axis ``(n_dev, ...)``; the program
-  sees one device's entry without that axis (the decomposed MD's buffers per sub-box).
-- ensemble members on device groups: ``Mapping(..., members=m)`` gives every value a leading
-  member axis; member ``k`` runs on its own group of ``grid.size`` devices (``pmap``: the
-  ``k``-th group of consecutive devices; ``shard_map``/``sharded``: a mesh axis ``"member"``;
-  ``single``: ``jax.vmap``). Within an ensemble :data:`REPLICATED` means one value per member.
+The layout vocabulary (``simpar.parallel.layouts``): :data:`REPLICATED`, :class:`Blocks`
+(:func:`grid_blocks`: grid blocks, the program pads its halo; :func:`pencils`: an FFT plan's
+real or Fourier layout), :data:`PARTICLES` (particle slots, split along axis 0) and
+:data:`SLOTS` (one entry per device). Ensemble members on device groups:
+``Mapping(..., members=m)`` gives every value a leading member axis; member ``k`` runs on its
+own group of ``grid.size`` devices (``pmap``: the ``k``-th group of consecutive devices;
+``shard_map``/``sharded``: a mesh axis ``"member"``; ``single``: ``jax.vmap``); within an
+ensemble :data:`REPLICATED` means one value per member.
 
 This module is the only one that compares engine names (besides the command line's option
 parsing); other modules ask an :class:`EngineKind` (``kind(engine).per_block`` ...) or a
@@ -44,12 +37,10 @@ parsing); other modules ask an :class:`EngineKind` (``kind(engine).per_block`` .
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
@@ -58,6 +49,25 @@ from simpar.errors import ConfigError
 from simpar.parallel import blocks
 from simpar.parallel.comm import BlockedComm, GroupedPmapComm, LocalComm, PmapComm, ShardMapComm
 from simpar.parallel.halo import from_blocks, to_blocks
+from simpar.parallel.layouts import (
+    PARTICLES,
+    REPLICATED,
+    SLOTS,
+    Blocks,
+    Layout,
+    Particles,
+    Replicated,
+    Slots,
+    each,
+    each2,
+    grid_blocks,
+    norm,
+    particle_count,
+    pencils,
+    slot_view,
+    stack,
+    unstack,
+)
 from simpar.parallel.topology import DeviceGrid
 
 MEMBER_AXIS = "member"
@@ -155,141 +165,6 @@ def require_one_process(engine: str, key: str = "--engine") -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Layouts
-# --------------------------------------------------------------------------------------------
-class Layout:
-    """How one input or output of a per-block program splits over the devices."""
-
-
-@dataclass(frozen=True)
-class Replicated(Layout):
-    """One value on every device (per member in an ensemble)."""
-
-
-@dataclass(frozen=True)
-class Blocks(Layout):
-    """A field ``(*lead, N_0, ..., N_{d-1})`` split into blocks.
-
-    Attributes:
-      split: per spatial axis, the mesh axes that split it, major first (``((0,), (1,))``:
-        x over mesh axis 0, y over mesh axis 1). A mesh axis that splits no spatial axis holds
-        copies of the block.
-      nlead: leading axes, never split; ``None``: every axis before the trailing
-        ``len(split)`` ones.
-    """
-
-    split: tuple[tuple[int, ...], ...]
-    nlead: int | None = None
-
-
-@dataclass(frozen=True)
-class Particles(Layout):
-    """Per-particle arrays ``(N, ...)`` in equal contiguous slices along axis 0, one per device
-    (``sharded``: split along ``N`` when it divides, else replicated).
-
-    Attributes:
-      even: the devices always divide ``N`` (the ring): ``sharded`` results are then split
-        along ``N`` too; else XLA places them (``N`` may not divide).
-    """
-
-    even: bool = False
-
-
-@dataclass(frozen=True)
-class Slots(Layout):
-    """One entry per device on a leading device axis ``(n_dev, ...)``; the program sees its own
-    entry without the axis."""
-
-
-REPLICATED = Replicated()
-PARTICLES = Particles()
-SLOTS = Slots()
-
-
-def grid_blocks(d: int, nlead: int | None = None) -> Blocks:
-    """A grid field whose spatial axis ``a`` is split over mesh axis ``a`` (``d`` axes)."""
-    return Blocks(tuple((a,) for a in range(d)), nlead)
-
-
-def pencils(plan, fourier: bool, nlead: int | None = 0) -> Blocks:
-    """The real-space (``fourier=False``) or Fourier layout of an ``fft.FFTPlan``."""
-    return Blocks(plan.fourier_split if fourier else plan.real_split, nlead)
-
-
-def _norm(layout) -> Layout:
-    return REPLICATED if layout is None else layout
-
-
-def _each(layouts, fn):
-    """``fn`` of each layout in a pytree of layouts (tuples, lists, dicts; ``None`` is
-    :data:`REPLICATED`)."""
-    if layouts is None or isinstance(layouts, Layout):
-        return fn(_norm(layouts))
-    if isinstance(layouts, dict):
-        return {k: _each(v, fn) for k, v in layouts.items()}
-    return type(layouts)(_each(v, fn) for v in layouts)
-
-
-def _each2(layouts, values, fn):
-    """``fn(layout, value)`` over a layout prefix of the ``values`` pytree."""
-    if layouts is None or isinstance(layouts, Layout):
-        return jax.tree.map(lambda v: fn(_norm(layouts), v), values)
-    if isinstance(layouts, dict):
-        return {k: _each2(layouts[k], values[k], fn) for k in values}
-    return type(layouts)(_each2(a, v, fn) for a, v in zip(layouts, values, strict=True))
-
-
-def _traced(tree) -> bool:
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
-
-
-# --------------------------------------------------------------------------------------------
-# Blocks <-> stacks (pmap), for any split
-# --------------------------------------------------------------------------------------------
-def _stack(u, split, mesh, nlead: int):
-    """Global ``(*lead, *spatial)`` -> ``(prod(mesh), *lead, *block)`` (C order over ``mesh``).
-
-    NumPy or JAX arrays (reshape/transpose only). For a grid split it equals
-    ``halo.to_blocks`` flattened."""
-    if all(s == (a,) for a, s in enumerate(split)) and len(split) == len(mesh):
-        b = to_blocks(u, mesh, len(split))
-        return b.reshape(math.prod(mesh), *b.shape[len(mesh) :])
-    xp = np if isinstance(u, np.ndarray) else jnp
-    shape, pos, blk = list(u.shape[:nlead]), {}, []
-    for a, s in enumerate(split):
-        n = u.shape[nlead + a]
-        for g in s:
-            pos[g] = len(shape)
-            shape.append(mesh[g])
-        blk.append(len(shape))
-        shape.append(n // math.prod(mesh[g] for g in s))
-    r = u.reshape(shape)
-    r = r.transpose([pos[g] for g in sorted(pos)] + list(range(nlead)) + blk)
-    for g, m in enumerate(mesh):  # a mesh axis that splits nothing holds copies
-        if g not in pos:
-            r = xp.broadcast_to(xp.expand_dims(r, g), r.shape[:g] + (m,) + r.shape[g:])
-    return r.reshape(math.prod(mesh), *r.shape[len(mesh) :])
-
-
-def _unstack(b, split, mesh, nlead: int):
-    """Inverse of :func:`_stack`: ``(prod(mesh), *lead, *block)`` -> ``(*lead, *spatial)``."""
-    d = len(split)
-    if all(s == (a,) for a, s in enumerate(split)) and d == len(mesh):
-        return from_blocks(b.reshape(*mesh, *b.shape[1:]), mesh, d)
-    r = b.reshape(*mesh, *b.shape[1:])
-    r = r[tuple(slice(None) if any(g in s for s in split) else 0 for g in range(len(mesh)))]
-    kept = [g for g in range(len(mesh)) if any(g in s for s in split)]
-    at = {g: i for i, g in enumerate(kept)}
-    k = len(kept)
-    order = [k + i for i in range(nlead)]
-    for a, s in enumerate(split):
-        order += [at[g] for g in s] + [k + nlead + a]
-    r = r.transpose(order)
-    full = [b.shape[1 + nlead + a] * math.prod(mesh[g] for g in s) for a, s in enumerate(split)]
-    return r.reshape(*b.shape[1 : 1 + nlead], *full)
-
-
-# --------------------------------------------------------------------------------------------
 # The mapping
 # --------------------------------------------------------------------------------------------
 class Mapping:
@@ -360,7 +235,7 @@ class Mapping:
 
         ``n``: the length of a :data:`PARTICLES` axis (``sharded`` replicates it when the
         devices do not divide it)."""
-        layout = _norm(layout)
+        layout = norm(layout)
         member = () if self.members is None else (MEMBER_AXIS,)
         if isinstance(layout, Replicated):
             return P(*member)
@@ -382,39 +257,11 @@ class Mapping:
     # -- host <-> devices -------------------------------------------------------------------------
     def stack(self, x, layout):
         """A global value -> the ``pmap`` stack ``(n_dev, ...)`` (NumPy or JAX, traced too)."""
-        layout = _norm(layout)
-        g, m = self.grid, self.members
-        if isinstance(layout, Slots):
-            return x
-        if isinstance(layout, Particles):
-            return x.reshape((g.size, x.shape[0] // g.size) + x.shape[1:])
-        if isinstance(layout, Replicated):
-            if m is None:
-                return x
-            return jnp.repeat(x, g.size, axis=0)  # each member's value on its devices
-        nl = self._nlead(layout, np.ndim(x)) + (m is not None)
-        b = _stack(x, layout.split, g.shape, nl)
-        if m is None:
-            return b
-        b = b.swapaxes(0, 1)  # member-major: member k on the k-th group of devices
-        return b.reshape(m * g.size, *b.shape[2:])
+        return stack(x, norm(layout), self.grid.shape, self.members)
 
     def unstack(self, b, layout):
         """Inverse of :meth:`stack` (host stacks of every process's blocks)."""
-        layout = _norm(layout)
-        g, m = self.grid, self.members
-        if isinstance(layout, Slots):
-            return b
-        if isinstance(layout, Particles):
-            return b.reshape((-1,) + b.shape[2:])
-        if isinstance(layout, Replicated):
-            return b if m is None else b.reshape(m, g.size, *b.shape[1:])[:, 0]
-        if m is not None:
-            b = b.reshape(m, g.size, *b.shape[1:]).swapaxes(0, 1)
-            b = b.reshape(g.size, *b.shape[1:])
-        nl = b.ndim - 1 - len(layout.split) if layout.nlead is None else layout.nlead
-        nl += (m is not None) and layout.nlead is not None
-        return _unstack(b, layout.split, g.shape, nl)
+        return unstack(b, norm(layout), self.grid.shape, self.members)
 
     def place(self, x, layout):
         """A global value -> the devices in ``layout``.
@@ -428,7 +275,7 @@ class Mapping:
           ``jax.Array`` (``NamedSharding`` on the mesh engines). In a multi-process run each
           process places only its own devices' blocks (every process passes the whole value).
         """
-        layout = _norm(layout)
+        layout = norm(layout)
         if self.kind.stacked:
             if isinstance(layout, Replicated):  # pmap takes it as it is (members: per call)
                 return x
@@ -445,7 +292,7 @@ class Mapping:
     def gather(self, x, layout):
         """The global value of a placed value or mapped result as host NumPy (a collective in
         multi-process runs); a traced value stays a traced global value."""
-        layout = _norm(layout)
+        layout = norm(layout)
         if isinstance(x, jax.core.Tracer):
             return self.unstack(x, layout) if self.kind.stacked else x
         if not self.kind.stacked:
@@ -490,7 +337,7 @@ class Mapping:
         if self.members is not None:
             fn = jax.vmap(fn)
         if k.one_device:
-            fn = _slot_view(fn, in_layouts)
+            fn = slot_view(fn, in_layouts)
             return jax.jit(fn, donate_argnums=donate_argnums)
         if blocked:
             return self._map_blocked(fn, in_layouts, out_layouts, donate_argnums)
@@ -504,7 +351,7 @@ class Mapping:
 
             return jax.jit(run, donate_argnums=donate_argnums)
         # PARTICLES results: where XLA puts them (their length may not divide the devices)
-        out_shardings = _each(
+        out_shardings = each(
             out_layouts,
             lambda ls: (
                 None if isinstance(ls, Particles) and not ls.even else self.sharding(ls, None)
@@ -513,25 +360,25 @@ class Mapping:
         return jax.jit(fn, out_shardings=out_shardings, donate_argnums=donate_argnums)
 
     def _out_shardings(self, layouts, outs):
-        return _each2(layouts, outs, lambda ls, v: self.sharding(ls, v.ndim))
+        return each2(layouts, outs, lambda ls, v: self.sharding(ls, v.ndim))
 
     def _map_pmap(self, fn, in_layouts, out_layouts, donate):
         def axis(ls):
             return None if isinstance(ls, Replicated) and self.members is None else 0
 
-        in_axes = tuple(_each(ls, axis) for ls in in_layouts)
+        in_axes = tuple(each(ls, axis) for ls in in_layouts)
 
         def prep(args):
             if self.members is None:
                 return args
             return tuple(
-                _each2(ls, a, lambda l_, v: self.stack(v, l_) if isinstance(l_, Replicated) else v)
+                each2(ls, a, lambda l_, v: self.stack(v, l_) if isinstance(l_, Replicated) else v)
                 for ls, a in zip(in_layouts, args, strict=True)
             )
 
         if not callable(out_layouts) or isinstance(out_layouts, Layout):
             pm = blocks.pmap(
-                fn, self.devices, in_axes=in_axes, out_axes=_each(out_layouts, axis), donate=donate
+                fn, self.devices, in_axes=in_axes, out_axes=each(out_layouts, axis), donate=donate
             )
             return lambda *args: pm(*prep(args))
         cache = {}
@@ -545,7 +392,7 @@ class Mapping:
                 outs = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape[1:], v.dtype), outs)
                 lay = out_layouts(outs)
                 cache[key] = blocks.pmap(
-                    fn, self.devices, in_axes=in_axes, out_axes=_each(lay, axis), donate=donate
+                    fn, self.devices, in_axes=in_axes, out_axes=each(lay, axis), donate=donate
                 )
             return cache[key](*args)
 
@@ -559,11 +406,11 @@ class Mapping:
                 out = inner(*jax.tree.map(lambda a: a[0], args))
                 return jax.tree.map(lambda a: a[None], out)
 
-        fn = _slot_view(fn, in_layouts)
+        fn = slot_view(fn, in_layouts)
 
         def specs_in(args):
             return tuple(
-                _each2(ls, a, lambda l_, v: self.spec(l_, np.ndim(v), _len(l_, v)))
+                each2(ls, a, lambda l_, v: self.spec(l_, np.ndim(v), particle_count(l_, v)))
                 for ls, a in zip(in_layouts, args, strict=True)
             )
 
@@ -574,9 +421,9 @@ class Mapping:
                 outs = jax.eval_shape(probe, *args)
                 outs = self._block_avals(outs)
                 lay = out_layouts(outs)
-                outs_spec = _each2(lay, outs, lambda l_, v: self.spec(l_, v.ndim))
+                outs_spec = each2(lay, outs, lambda l_, v: self.spec(l_, v.ndim))
             else:
-                outs_spec = _each(out_layouts, lambda l_: self.spec(l_, None))
+                outs_spec = each(out_layouts, lambda l_: self.spec(l_, None))
             # check_vma off: values reduced over every device (psum, pmax) meet per-device
             # values in lax.cond / while_loop carries; they are equal on every device by design
             return blocks.shard_map(fn, self.mesh, ins, outs_spec, check_vma=False)(*args)
@@ -601,7 +448,7 @@ class Mapping:
             return lax.with_sharding_constraint(b, blocks.sharding(self.mesh, *spec))
 
         def run(*args):
-            args = tuple(_each2(ls, a, view) for ls, a in zip(in_layouts, args, strict=True))
+            args = tuple(each2(ls, a, view) for ls, a in zip(in_layouts, args, strict=True))
             out = fn(*args)
             lay = out_layouts
             if callable(lay) and not isinstance(lay, Layout):
@@ -616,35 +463,9 @@ class Mapping:
                 return lax.with_sharding_constraint(u, self.sharding(ls, u.ndim))
 
             # keep the result laid out like the input (no silent resharding between chunks)
-            return _each2(lay, out, back)
+            return each2(lay, out, back)
 
         return jax.jit(run, donate_argnums=donate_argnums)
-
-
-def _slot_view(fn, in_layouts):
-    """``fn`` seeing each :data:`SLOTS` argument's one entry (``(1, ...)`` -> ``(...)``), its
-    results given a leading device axis again (as under ``pmap``)."""
-    if not _any(in_layouts, Slots):
-        return fn
-
-    def one(*args):
-        args = tuple(
-            _each2(ls, a, lambda l_, v: v[0] if isinstance(l_, Slots) else v)
-            for ls, a in zip(in_layouts, args, strict=True)
-        )
-        return jax.tree.map(lambda v: v[None], fn(*args))
-
-    return one
-
-
-def _any(layouts, cls) -> bool:
-    found = []
-    _each(layouts, lambda ls: found.append(isinstance(ls, cls)))
-    return any(found)
-
-
-def _len(layout, v):
-    return np.shape(v)[0] if isinstance(layout, Particles) else None
 
 
 def device_grid(mesh: Sequence[int], periodic: bool = True) -> DeviceGrid:
