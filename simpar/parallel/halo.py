@@ -6,18 +6,9 @@ returns the block with ``w`` halo cells on each side of every spatial axis, incl
 corners: axes are padded one after the other, so the slabs exchanged along axis 1 already carry
 axis 0's halo (the standard two-pass corner trick).
 
-Where the halo comes from is the ``Comm``'s business (``simpar.parallel.comm``; re-exported
-here for older imports):
-
-- ``LocalComm``: the block is the whole domain (``single``, and ``sharded``, where XLA partitions
-  the global-view code). Periodic axes wrap locally.
-- ``PmapComm``: one flat ``pmap`` axis over a ``DeviceGrid``; neighbours by ``lax.ppermute`` with
-  pairs computed from the grid shape; row/column reductions with ``axis_index_groups``.
-- ``ShardMapComm``: named mesh axes under ``jax.shard_map``; ``ppermute`` along one mesh axis.
-- ``BlockedComm``: the global view of every block at once (the ``sharded`` engine): fields carry
-  the device-grid axes in front, ``(*grid.shape, *lead, n_0, ...)``, sharded one block per
-  device; a neighbour's slab arrives by a roll along a grid axis, which XLA's partitioner turns
-  into one collective-permute of the slab.
+Where the halo comes from is the ``Comm``'s business (``simpar.parallel.comm``: a local wrap,
+a neighbour by ``ppermute`` under ``pmap``/``shard_map``, or a roll of the blocked global view
+under ``sharded``; the comm classes are re-exported here for older imports).
 
 At non-periodic outer edges ``ppermute`` delivers zeros; ``fill_edges`` then overwrites the halo
 with the physical boundary condition (selected with ``jnp.where`` on the device's coordinate,
