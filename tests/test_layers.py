@@ -103,7 +103,9 @@ def test_lower_layers_import_nothing_above_them():
         assert not bad, f"simpar.{pkg} imports {sorted(bad)} (a layer above it)"
     users = {node for node, deps in graph.items() if "drive" in deps}
     # models: the registry (simpar.models.grid_model builds a grid model of the driver)
-    assert users <= {"run", "cli", "simpar", "models"}, f"only the entry points use the driver: {users}"
+    assert users <= {"run", "cli", "simpar", "models"}, (
+        f"only the entry points use the driver: {users}"
+    )
 
 
 def test_no_module_over_about_500_lines():
@@ -198,7 +200,8 @@ def engine_name_comparisons(path: Path) -> int:
     return sum(
         1
         for n in ast.walk(ast.parse(path.read_text()))
-        if isinstance(n, ast.Compare) and any(strings(p) & ENGINE_NAMES for p in (n.left, *n.comparators))
+        if isinstance(n, ast.Compare)
+        and any(strings(p) & ENGINE_NAMES for p in (n.left, *n.comparators))
     )
 
 

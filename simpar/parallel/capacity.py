@@ -21,6 +21,8 @@ from simpar.errors import ConfigError
 
 MARGIN = 1e-3  # ghost slabs are (1 + MARGIN) * (cutoff + skin) thick: round-off slack
 MAX_HOPS = 3  # ghosts travel at most this many devices along an axis (sub-box >= radius / 3)
+
+
 def shape3(grid_shape) -> tuple[int, int, int]:
     """A device-grid shape of 1 to 3 axes as 3 axes (missing axes are 1)."""
     return tuple(grid_shape) + (1,) * (3 - len(grid_shape))

@@ -270,6 +270,7 @@ class BlockedComm(Comm):
         shape[axis] = self.grid.shape[axis]
         return lax.broadcasted_iota(jnp.int32, shape, axis)
 
+
 class GroupedPmapComm(PmapComm):
     """``PmapComm`` for ``members`` copies of ``grid`` on one flat pmap axis.
 

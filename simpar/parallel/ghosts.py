@@ -60,6 +60,7 @@ class DomainSpec(Protocol):
     stages: tuple[tuple[int, int, int], ...]
     shape3: tuple[int, int, int]
 
+
 _BIG = np.iinfo(np.int32).max
 
 

@@ -90,7 +90,9 @@ class DomainSimulation(Regrowing):
 
                 self._fns[k] = m.map(fn, (SLOTS,) * 2 + (REPLICATED,) * 5, SLOTS)
             elif name == "thermo":
-                self._fns[k] = m.map(lambda s, sp: thermo_block(comm, sp, s), (SLOTS, REPLICATED), SLOTS)
+                self._fns[k] = m.map(
+                    lambda s, sp: thermo_block(comm, sp, s), (SLOTS, REPLICATED), SLOTS
+                )
         return self._fns[k]
 
     def _put(self, tree):
