@@ -376,25 +376,30 @@ class Mapping:
                 for ls, a in zip(in_layouts, args, strict=True)
             )
 
-        if not callable(out_layouts) or isinstance(out_layouts, Layout):
-            pm = blocks.pmap(
-                fn, self.devices, in_axes=in_axes, out_axes=each(out_layouts, axis), donate=donate
-            )
-            return lambda *args: pm(*prep(args))
+        def first(lay, out):
+            # replicated results come back stacked (out_axes=None is refused across processes)
+            # and are read from this process's first device
+            if self.members is not None:
+                return out
+            return each2(lay, out, lambda l_, v: v[0] if isinstance(l_, Replicated) else v)
+
+        fixed = not callable(out_layouts) or isinstance(out_layouts, Layout)
         cache = {}
 
         def run(*args):
             args = prep(args)
             key = jax.tree.structure(args)
             if key not in cache:
-                probe = blocks.pmap(fn, self.devices, in_axes=in_axes)
-                outs = jax.eval_shape(probe, *args)
-                outs = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape[1:], v.dtype), outs)
-                lay = out_layouts(outs)
-                cache[key] = blocks.pmap(
-                    fn, self.devices, in_axes=in_axes, out_axes=each(lay, axis), donate=donate
-                )
-            return cache[key](*args)
+                lay = out_layouts
+                if not fixed:
+                    probe = blocks.pmap(fn, self.devices, in_axes=in_axes)
+                    outs = jax.eval_shape(probe, *args)
+                    outs = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape[1:], v.dtype), outs)
+                    lay = out_layouts(outs)
+                pm = blocks.pmap(fn, self.devices, in_axes=in_axes, donate=donate)
+                cache[key] = (pm, lay)
+            pm, lay = cache[key]
+            return first(lay, pm(*args))
 
         return run
 
