@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             report[name] = {"skipped": "config missing in one checkout"}
             continue
         steps, every = STEPS_OVERRIDE.get(base, (a.steps, a.every))
-        suffix = ".h5md" if base.startswith(("lj", "nbody")) else ".nc"
+        suffix = ".h5md" if base.startswith(("lj", "nbody", "pm_")) else ".nc"
         args = [*extra, "--steps", str(steps), "--set", f"output.every={every}"]
         entry = {"args": args}
         files = {}
