@@ -64,6 +64,13 @@ RUNS = {
     "nbody_plummer": ["--engine", "single"],
     "taylor_green": ["--engine", "single"],
     "wave2d": ["--engine", "single"],
+    # one decomposed engine per family behind simpar.parallel.mapping (issue 27)
+    "wave2d@sharded_2x4": ["--engine", "sharded", "--devices", "8", "--mesh", "2x4"],
+    "heat_ensemble@pmap": ["--engine", "pmap", "--devices", "8"],
+    "kolmogorov@pmap_2x4": ["--engine", "pmap", "--devices", "8", "--mesh", "2x4"],
+    "nbody_plummer@shard_map_8": ["--engine", "shard_map", "--devices", "8"],
+    "pm_plane_wave": ["--engine", "single"],
+    "pm_plane_wave@shard_map_2x4": ["--engine", "shard_map", "--devices", "8", "--mesh", "2x4"],
 }
 
 # Fewer steps for the expensive runs (32 000 atoms).
@@ -233,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             report[name] = {"skipped": "config missing in one checkout"}
             continue
         steps, every = STEPS_OVERRIDE.get(base, (a.steps, a.every))
-        suffix = ".h5md" if base.startswith(("lj", "nbody")) else ".nc"
+        suffix = ".h5md" if base.startswith(("lj", "nbody", "pm_")) else ".nc"
         args = [*extra, "--steps", str(steps), "--set", f"output.every={every}"]
         entry = {"args": args}
         files = {}

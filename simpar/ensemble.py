@@ -29,8 +29,8 @@ import numpy as np
 from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.grid.model import GridSetup
+from simpar.parallel.comm import LocalComm
 from simpar.parallel.engines import advance_block
-from simpar.parallel.halo import LocalComm
 
 
 @dataclass(eq=False)

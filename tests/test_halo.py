@@ -13,8 +13,8 @@ from jax.sharding import PartitionSpec as P
 
 from simpar.grid.boundary import Dirichlet, Neumann, Periodic
 from simpar.parallel.blocks import make_mesh
-from simpar.parallel.engines import PmapEngine
 from simpar.parallel.halo import LocalComm, PmapComm, ShardMapComm, pad
+from simpar.parallel.mapping import Mapping, grid_blocks
 from simpar.parallel.topology import DeviceGrid
 
 PER, DIR, NEU = Periodic(), Dirichlet(0.25), Neumann()
@@ -52,9 +52,7 @@ def test_pmap_and_shard_map_halo_equals_global_padding(mesh, bcs, w):
     ref = np.asarray(pad(jax.numpy.asarray(u), w, bcs, LocalComm(d)))
     expected = _windows(ref, mesh, block, w)
     # pmap: blocks stacked on a flat device axis
-    blocks = PmapEngine._blocks(
-        type("E", (), {"model": type("M", (), {"ndim": d}), "grid": grid})(), u
-    )
+    blocks = Mapping("pmap", grid).stack(u, grid_blocks(d))
     got = jax.pmap(functools.partial(pad, w=w, bcs=bcs, comm=PmapComm(grid)), axis_name="dev")(
         blocks
     )

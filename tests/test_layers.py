@@ -103,7 +103,9 @@ def test_lower_layers_import_nothing_above_them():
         assert not bad, f"simpar.{pkg} imports {sorted(bad)} (a layer above it)"
     users = {node for node, deps in graph.items() if "drive" in deps}
     # models: the registry (simpar.models.grid_model builds a grid model of the driver)
-    assert users <= {"run", "cli", "simpar", "models"}, f"only the entry points use the driver: {users}"
+    assert users <= {"run", "cli", "simpar", "models"}, (
+        f"only the entry points use the driver: {users}"
+    )
 
 
 def test_no_module_over_about_500_lines():
@@ -135,3 +137,86 @@ def test_readme_layout_names_every_module_in_layer_order():
         assert node in rank, f"docs/architecture.md Layout does not list {node}"
         late = sorted(d for d in deps if rank[d] >= rank[node])
         assert not late, f"docs/architecture.md Layout lists {node} above {late}, which it imports"
+
+
+def _module(path: Path) -> str:
+    """Dotted module name of a source file (``simpar.drive.nbody``; packages by ``__init__``)."""
+    parts = ("simpar", *path.relative_to(_SIMPAR).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the ``simpar`` modules it imports (lazy imports inside functions included;
+    ``from simpar.a import b`` names module ``simpar.a.b`` when that is a module)."""
+    files = {_module(f): f for f in _SIMPAR.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, f in files.items():
+        out = graph.setdefault(mod, set())
+        for n in ast.walk(ast.parse(f.read_text())):
+            names: list[str] = []
+            if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                if n.module == "simpar" or n.module.startswith("simpar."):
+                    subs = [f"{n.module}.{a.name}" for a in n.names]
+                    names = [s for s in subs if s in files] or [n.module]
+                    names += [n.module] if len(names) < len(subs) else []
+            elif isinstance(n, ast.Import):
+                names = [a.name for a in n.names if a.name.startswith("simpar.")]
+            out.update(m for m in names if m in files and m != mod and m != "simpar")
+    return graph
+
+
+def test_no_module_imports_itself_through_another():
+    cycle = _find_cycle(module_graph())
+    assert cycle is None, f"import cycle between simpar modules: {' -> '.join(cycle)}"
+
+
+def test_no_private_name_is_imported_across_packages():
+    bad = []
+    for f in sorted(_SIMPAR.rglob("*.py")):
+        mine = _node(f)
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                if not n.module.startswith("simpar.") or _target(n.module) == mine:
+                    continue
+                private = [a.name for a in n.names if a.name.startswith("_")]
+                private += [n.module] if any(p.startswith("_") for p in n.module.split(".")) else []
+                bad += [f"{f.relative_to(_SIMPAR)}: {n.module} {p}" for p in private]
+    assert not bad, f"private names imported across packages: {bad}"
+
+
+ENGINE_NAMES = {"single", "pmap", "shard_map", "sharded"}
+
+
+def engine_name_comparisons(path: Path) -> int:
+    """Comparisons (``==``, ``!=``, ``in``) with an engine name as a string constant."""
+
+    def strings(node) -> set:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return set().union(*(strings(e) for e in node.elts)) if node.elts else set()
+        return set()
+
+    return sum(
+        1
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Compare)
+        and any(strings(p) & ENGINE_NAMES for p in (n.left, *n.comparators))
+    )
+
+
+def test_engine_names_are_compared_only_in_the_mapping():
+    """Which engine does what is ``simpar.parallel.mapping``'s business (``kind(engine)``);
+    the command line parses the option. Nowhere else compares an engine name."""
+    allowed = {"parallel/mapping.py", "cli.py"}
+    assert engine_name_comparisons(Path(__file__)) > 0  # the counter counts this file's own
+    found = {
+        str(f.relative_to(_SIMPAR)): k
+        for f in sorted(_SIMPAR.rglob("*.py"))
+        if (k := engine_name_comparisons(f)) and str(f.relative_to(_SIMPAR)) not in allowed
+    }
+    assert not found, f"engine names compared outside simpar.parallel.mapping: {found}"
+
+
+def _compares_engines_for_the_counter_test(engine):  # counted by the test above
+    return engine == "pmap"

@@ -18,8 +18,9 @@ import pytest
 
 from simpar.config import dumps
 from simpar.errors import ConfigError, SimulationError
-from simpar.parallel.blocks import ENGINES, make_mesh
+from simpar.parallel.blocks import make_mesh
 from simpar.parallel.halo import PmapComm, ShardMapComm
+from simpar.parallel.mapping import ENGINES
 from simpar.parallel.ring import ring_sum
 from simpar.parallel.topology import DeviceGrid
 from simpar.particles import nbody as nb

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from simpar.errors import ConfigError
-from simpar.parallel import blocks
+from simpar.parallel import blocks, mapping
 from simpar.parallel.topology import DeviceGrid, make_device_grid, parse_mesh
 
 
@@ -101,15 +101,16 @@ def test_meshes_and_mapped_programs_are_built_only_in_blocks():
         f
         for f in _SIMPAR.rglob("*.py")
         if '("single", "pmap", "shard_map", "sharded")' in f.read_text()
+        or '"single": EngineKind(' in f.read_text()
     ]
-    assert [f.name for f in engines if f.parent.name == "parallel"] == ["blocks.py"]
+    assert [f.name for f in engines if f.parent.name == "parallel"] == ["mapping.py"]
 
 
 def test_default_mesh_and_device_checks():
-    assert blocks.default_mesh("single", (2, 4), 8) == (1,)
-    assert blocks.default_mesh("pmap", None, 8) == (8,)
-    assert blocks.default_mesh("sharded", None, 8, members=4) == (2,)
-    assert blocks.default_mesh("shard_map", [2, 4], 8) == (2, 4)
+    assert mapping.default_mesh("single", (2, 4), 8) == (1,)
+    assert mapping.default_mesh("pmap", None, 8) == (8,)
+    assert mapping.default_mesh("sharded", None, 8, members=4) == (2,)
+    assert mapping.default_mesh("shard_map", [2, 4], 8) == (2, 4)
     blocks.require_devices((2, 4), 8)
     with pytest.raises(ConfigError, match=r"mesh 4x4 needs 16 devices but only 8") as err:
         blocks.require_devices((4, 4), 8)
@@ -119,4 +120,4 @@ def test_default_mesh_and_device_checks():
     with pytest.raises(ConfigError, match=r"9 devices requested, JAX sees 8"):
         blocks.require_count(9)
     with pytest.raises(ConfigError, match=r"unknown engine 'gpu'; choose one of single, pmap"):
-        blocks.check_engine("gpu")
+        mapping.check_engine("gpu")

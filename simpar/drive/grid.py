@@ -25,6 +25,7 @@ from simpar.drive.loop import Options, Plan, Run, device_mesh, rate, read_option
 from simpar.errors import ConfigError
 from simpar.grid.model import GridSetup
 from simpar.parallel import distributed
+from simpar.parallel.mapping import kind
 from simpar.parallel.topology import AXIS_NAMES
 
 # state arrays per cell of each grid model (LBM: populations + the uint8 wall flag)
@@ -282,7 +283,7 @@ class GridPlan(Plan):
         from simpar.parallel.engines import make_engine
         from simpar.parallel.ensemble import make_ensemble_engine
 
-        s, mesh = self.setup, (None if self.engine == "single" else self.mesh)
+        s, mesh = self.setup, (None if kind(self.engine).one_device else self.mesh)
         if self.ens is None:
             return make_engine(self.engine, s.model, s.domain.shape, mesh, self.halo)
         return make_ensemble_engine(

@@ -305,7 +305,7 @@ def _allowed(model: str, key: Key) -> str:
     if key.name == "model.name":
         return f'`"{model}"`'
     if key.name == "parallel.engine":
-        from simpar.parallel.blocks import ENGINES
+        from simpar.parallel.mapping import ENGINES
 
         return ", ".join(f'`"{e}"`' for e in ENGINES)
     if by_hand:

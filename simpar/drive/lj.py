@@ -27,6 +27,7 @@ from simpar.drive.loop import ModelAdapter, Options, Plan, Run, device_mesh, rat
 from simpar.errors import ConfigError, SimulationError
 from simpar.io.meta import run_metadata
 from simpar.parallel import distributed
+from simpar.parallel.mapping import kind
 from simpar.particles import observables, potentials, space
 
 DOMAIN_ENGINES = lj_config.DOMAIN_ENGINES
@@ -52,7 +53,7 @@ def _simulation(plan: LJPlan, ck: dict | None):
                  capacity_factor=cfg["capacity_factor"], mass=cfg["mass"], key=plan.key,
                  every=cfg["every"], check=cfg["check"])  # fmt: skip
     placement = None
-    if engine == "sharded":
+    if kind(engine).partitioned:
         placement = lambda tree: shard_particles(tree, plan.mesh[0], cap)  # noqa: E731
     if plan.decomposed:
         restore = None if ck is None else pck.lj_global_arrays(ck)
@@ -117,13 +118,13 @@ class LJPlan(Plan):
         self.config_text, self.engine, self.dtype = config_text, c.engine, cfg["dtype"]
         self.save_checkpoints = c.checkpoint
         self.decomposed = c.engine in DOMAIN_ENGINES
-        if distributed.process_count() > 1 and c.engine == "single":
+        if distributed.process_count() > 1 and kind(c.engine).one_device:
             raise ConfigError(
                 "--engine",
                 "engine 'single' runs in one process; across processes MD runs on 'pmap', "
                 "'shard_map' or 'sharded'",
             )
-        if c.engine == "sharded" and c.mesh is not None and len(c.mesh) != 1:
+        if kind(c.engine).partitioned and c.mesh is not None and len(c.mesh) != 1:
             raise ConfigError(c.mesh_key, f"LJ uses a 1-D particle mesh, got {c.mesh}")
         self.mesh = device_mesh(c)
         if c.resume and distributed.is_main():

@@ -87,10 +87,10 @@ from simpar.config import Section
 from simpar.errors import ConfigError
 from simpar.io import h5md, meta
 from simpar.memory import check_fits
-from simpar.parallel import blocks
+from simpar.parallel import mapping
 from simpar.particles import lattice, md, potentials
 
-DOMAIN_ENGINES = blocks.PER_BLOCK  # spatial decomposition (simpar.particles.decomposed_sim)
+DOMAIN_ENGINES = mapping.PER_BLOCK  # spatial decomposition (simpar.particles.decomposed_sim)
 
 
 def read_config(root: Section) -> dict:

@@ -51,7 +51,8 @@ from simpar.io import checkpoint, untrusted
 from simpar.io.files import check_output_name, check_output_path, status_on_exit, write_error
 from simpar.io.meta import run_summary
 from simpar.parallel import distributed
-from simpar.parallel.blocks import ENGINES, check_engine, default_mesh, require_devices
+from simpar.parallel.blocks import require_devices
+from simpar.parallel.mapping import ENGINES, check_engine, default_mesh, kind
 from simpar.progress import Progress
 
 KILL_ENV = "SIMPAR_TEST_KILL_AFTER_FRAME"
@@ -282,7 +283,11 @@ def read_options(
     multi = distributed.process_count() > 1
     if opts.mesh is not None:
         mesh, mesh_key = tuple(int(m) for m in opts.mesh), "--mesh"
-    elif opts.engine not in (None, "single") and (opts.devices is not None or multi):
+    elif (
+        opts.engine is not None
+        and not (opts.engine and kind(opts.engine).one_device)
+        and (opts.devices is not None or multi)
+    ):
         mesh, mesh_key = None, "--devices"  # the command line's devices, not the config's mesh
     else:
         mesh, mesh_key = (tuple(cfg_mesh) if cfg_mesh else None), "parallel.mesh"
@@ -326,7 +331,7 @@ def device_mesh(
     mesh = common.mesh if mesh is None else mesh
     key = common.mesh_key if key is None else key
     out = default_mesh(common.engine, mesh, common.n_devices, members)
-    if common.engine != "single":
+    if not kind(common.engine).one_device:
         require_devices(out, common.n_devices, key, members)
     return out
 
@@ -363,7 +368,7 @@ def _drive(model, data: dict, config_text: str, opts: Options, watch, cfg) -> di
                 "--steps", f"the checkpoint is at step {ck_step}; ask for more steps to resume"
             )
         start = ck_step - first
-        untrusted.check_output(c.path, step=ck_step)  # before any compilation
+        check_output(c.path, step=ck_step)  # before any compilation
     elif c.path.exists() and not c.overwrite:
         raise ConfigError(
             "--out",
@@ -474,3 +479,25 @@ def _drive(model, data: dict, config_text: str, opts: Options, watch, cfg) -> di
         wall_s=wall,
         **run.summary(obs0, obs, c.steps - start, wall),
     )
+
+
+def check_output(path, *, step: int | None, key: str = "--resume") -> None:
+    """The checks of ``nclayout.check_grid_output`` or ``h5md_read.check_h5md_output`` that need no
+    template (links, storage, frames at ``step``), whichever the file is (a grid file has a
+    root ``time``): made as soon as ``--resume`` is read, before the run compiles anything.
+
+    Raises:
+      ConfigError: a missing, unreadable or crafted file, naming it and the dataset.
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(key, f"output file {os.fspath(path)!r} does not exist")
+    with untrusted.no_plugins(), untrusted.open_readonly(path, key) as f:
+        grid = f.get("time", getlink=True) is not None
+    if grid:
+        from simpar.io.nclayout import check_grid_output
+
+        check_grid_output(path, step=step, key=key)
+    else:
+        from simpar.io.h5md_read import check_h5md_output
+
+        check_h5md_output(path, step=step, key=key)

@@ -36,6 +36,7 @@ from simpar.drive.loop import ModelAdapter, Options, Plan, device_mesh, rate, re
 from simpar.drive.nbody_output import BodiesRun
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
+from simpar.parallel.mapping import kind
 
 #: what an N-body run adds besides its arrays: XLA's client, the compiled programs (bytes)
 _OVERHEAD = 100 << 20
@@ -127,11 +128,11 @@ class NBodyPlan(Plan):
             if mesh is None and cfg_devices is not None:
                 mesh, key = (cfg_devices,), "parallel.devices"
             devices = mesh[0] if mesh is not None else None
-            if c.engine == "single" and not c.engine_from_cli and devices not in (None, 1):
+            if kind(c.engine).one_device and not c.engine_from_cli and devices not in (None, 1):
                 raise ConfigError(
                     "parallel.devices", f"engine 'single' runs on 1 device, got {devices}"
                 )
-        if c.engine != "single" and mesh is not None and len(mesh) != 1:
+        if not kind(c.engine).one_device and mesh is not None and len(mesh) != 1:
             shape = "x".join(map(str, mesh))
             raise ConfigError(key, f"the N-body ring is 1-D: give one device count, got {shape}")
         return device_mesh(c, mesh=mesh, key=key), key

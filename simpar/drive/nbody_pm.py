@@ -56,6 +56,7 @@ from simpar.drive.loop import Options, Plan, device_mesh, rate, read_options
 from simpar.drive.nbody_output import BodiesRun
 from simpar.errors import ConfigError, SimulationError
 from simpar.memory import check_fits
+from simpar.parallel.mapping import kind
 
 KINDS = ("plane_wave", "zeldovich", "file")
 
@@ -135,7 +136,7 @@ class PMPlan(Plan):
         devices = cfg.section("parallel").get("devices", None, kind=int, min=1)
         if devices is not None and self.mesh_key == "parallel.mesh" and mesh is None:
             mesh, self.mesh_key = (devices,), "parallel.devices"  # as the all-pairs force reads it
-            if c.engine == "single" and devices != 1 and not c.engine_from_cli:
+            if kind(c.engine).one_device and devices != 1 and not c.engine_from_cli:
                 raise ConfigError(
                     "parallel.devices", f"engine 'single' runs on 1 device, got {devices}"
                 )
@@ -209,7 +210,7 @@ class PMPlan(Plan):
         """The device mesh must divide the PM mesh and its FFT transposes (``ConfigError``)."""
         from simpar.parallel import fft
 
-        if self.engine == "single":
+        if kind(self.engine).one_device:
             return
         if len(self.mesh) > 3:
             raise ConfigError(self.mesh_key, f"a 3-D PM mesh takes 1 to 3 mesh axes: {self.mesh}")

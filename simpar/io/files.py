@@ -46,12 +46,36 @@ OUTPUT_KINDS = ("netcdf", "h5md")
 """Kinds of output file (``simpar.drive.loop.read_options``'s ``output``)."""
 
 
+GRID_SUFFIXES = (".nc", ".nc4", ".h5", ".hdf5")
+
+
+def check_grid_path(path, key: str) -> None:
+    """Refuse a grid output path whose suffix is not one of :data:`GRID_SUFFIXES`.
+
+    Raises:
+      ConfigError: on ``key`` (``--out`` / ``output.path``), naming the allowed suffixes
+        (``.h5md`` is the particle format, ``.xdmf`` the sidecar, ``.toml`` a config).
+    """
+    suffix = Path(path).suffix
+    if suffix.lower() not in GRID_SUFFIXES:
+        why = {
+            ".h5md": "H5MD is the particle runs' format",
+            ".xdmf": "the .xdmf sidecar is written next to the file",
+            ".toml": "that is a config",
+        }.get(suffix.lower(), f"suffix {suffix!r}" if suffix else "no suffix")
+        raise ConfigError(
+            key,
+            f"a grid run writes netCDF-4/HDF5: the path must end in {', '.join(GRID_SUFFIXES)} "
+            f"({why}), got {str(path)!r}",
+        )
+
+
 def check_output_name(path: str | os.PathLike, key: str, kind: str) -> None:
     """The one naming rule of output files (every model's output goes through it).
 
     Args:
       path: the output path; key: the option or config key named in errors.
-      kind: ``"netcdf"`` (a grid file: ``simpar.io.nclayout.GRID_SUFFIXES``) or ``"h5md"`` (a particle trajectory: must end in ``.h5md``, which
+      kind: ``"netcdf"`` (a grid file: ``GRID_SUFFIXES``) or ``"h5md"`` (a particle trajectory: must end in ``.h5md``, which
         MDAnalysis recognises H5MD by).
 
     Raises:
@@ -64,8 +88,6 @@ def check_output_name(path: str | os.PathLike, key: str, kind: str) -> None:
                 key, f"must end in .h5md (MDAnalysis recognises H5MD by it), got {str(p)!r}"
             )
     elif kind == "netcdf":
-        from simpar.io.nclayout import check_grid_path
-
         check_grid_path(p, key)  # .nc, .nc4, .h5 or .hdf5; never .h5md, .xdmf, .toml
     else:
         raise ValueError(f"output kind {kind!r}; one of {OUTPUT_KINDS}")

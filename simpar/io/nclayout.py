@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 
 from simpar.errors import ConfigError
+from simpar.io.files import GRID_SUFFIXES, check_grid_path
 
 __all__ = [
     "ENSEMBLE",
@@ -48,30 +49,6 @@ ENSEMBLE = "ensemble"  # optional member dimension, right after time
 RESERVED = (TIME, STEP, ENSEMBLE)
 # What a grid run writes to: netCDF-4 (.nc, .nc4) or plain HDF5 (.h5, .hdf5); particle runs
 # write H5MD and need ``.h5md`` (the suffix by which MDAnalysis recognises it).
-GRID_SUFFIXES = (".nc", ".nc4", ".h5", ".hdf5")
-
-
-def check_grid_path(path, key: str) -> None:
-    """Refuse a grid output path whose suffix is not one of :data:`GRID_SUFFIXES`.
-
-    Raises:
-      ConfigError: on ``key`` (``--out`` / ``output.path``), naming the allowed suffixes
-        (``.h5md`` is the particle format, ``.xdmf`` the sidecar, ``.toml`` a config).
-    """
-    suffix = Path(path).suffix
-    if suffix.lower() not in GRID_SUFFIXES:
-        why = {
-            ".h5md": "H5MD is the particle runs' format",
-            ".xdmf": "the .xdmf sidecar is written next to the file",
-            ".toml": "that is a config",
-        }.get(suffix.lower(), f"suffix {suffix!r}" if suffix else "no suffix")
-        raise ConfigError(
-            key,
-            f"a grid run writes netCDF-4/HDF5: the path must end in {', '.join(GRID_SUFFIXES)} "
-            f"({why}), got {str(path)!r}",
-        )
-
-
 # Marks the coordinate variable of a non-spatial dimension (``GridWriter(extra_dims=...)``),
 # so that a reopened file keeps it out of the spatial axes (the XDMF mesh).
 EXTRA_DIM_ATTR = "simpar_dimension"
@@ -325,7 +302,6 @@ def check_grid_output(path, *, step: int | None, like=None, key: str = "--resume
     Raises:
       ConfigError: naming the file and the dataset.
     """
-    from simpar.errors import ConfigError
     from simpar.io import untrusted
 
     with untrusted._checked(path, like, key) as (f, datasets, tmpl):

@@ -9,7 +9,7 @@ is refused before HDF5 follows it. Each refusal is a ``ConfigError`` naming the 
 dataset and what was expected (exit code 2 on the command line).
 
 The output a ``--resume`` appends to is checked the same way before it is opened for writing
-(:func:`check_output` as soon as the run starts, then ``GridWriter.open_existing`` /
+(``simpar.drive.loop.check_output`` as soon as the run starts, then ``GridWriter.open_existing`` /
 ``H5MDWriter.open_existing``): HDF5 plugin loading off, every link in the file a hard link, no
 virtual, externally stored or plugin-filtered dataset (:func:`check_links`), exactly the
 groups and datasets a new file of this run has (:func:`check_layout` against a template the
@@ -483,25 +483,3 @@ def open_appendable(path, key: str = "--resume") -> h5py.File:
             f"cannot open {os.fspath(path)!r} for appending ({str(err).splitlines()[0]}); is "
             "another process (a viewer, an h5py session, another run) holding it open?",
         ) from None
-
-
-def check_output(path, *, step: int | None, key: str = "--resume") -> None:
-    """The checks of ``nclayout.check_grid_output`` or ``h5md_read.check_h5md_output`` that need no
-    template (links, storage, frames at ``step``), whichever the file is (a grid file has a
-    root ``time``): made as soon as ``--resume`` is read, before the run compiles anything.
-
-    Raises:
-      ConfigError: a missing, unreadable or crafted file, naming it and the dataset.
-    """
-    if not os.path.isfile(path):
-        raise ConfigError(key, f"output file {os.fspath(path)!r} does not exist")
-    with no_plugins(), open_readonly(path, key) as f:
-        grid = f.get("time", getlink=True) is not None
-    if grid:
-        from simpar.io.nclayout import check_grid_output
-
-        check_grid_output(path, step=step, key=key)
-    else:
-        from simpar.io.h5md_read import check_h5md_output
-
-        check_h5md_output(path, step=step, key=key)

@@ -1,7 +1,7 @@
-"""One way to put blocks on devices: the only module that builds meshes and maps block programs.
+"""Meshes, mapped-program wrappers and host <-> device transfers: the primitives under the mapping.
 
-Everything that decides where a block lives goes through here: the engine names, the rule
-that turns a requested engine and mesh into a device grid, the "N devices requested" checks,
+The primitives under ``simpar.parallel.mapping`` (which alone knows the engine names and the
+rule that turns a requested engine and mesh into a device grid): the "N devices requested" checks,
 the ``Mesh``/``NamedSharding`` of the ``shard_map`` and ``sharded`` engines, the ``pmap`` and
 ``shard_map`` wrappers of a per-block function, and the transfers between the host and the
 devices (one process or several). Grid engines (``engines``), ensembles (``ensemble``), the
@@ -30,41 +30,6 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
-
-ENGINES = ("single", "pmap", "shard_map", "sharded")
-PER_BLOCK = ("pmap", "shard_map")
-"""The engines that run a per-block program with explicit collectives (the others run the
-global view: one device, or XLA partitioning a jit-compiled step)."""
-
-
-def check_engine(name: str, key: str = "--engine", allowed: Sequence[str] = ENGINES) -> str:
-    """``name`` if it is one of ``allowed``, else a ``ConfigError`` on ``key`` listing them."""
-    if name not in allowed:
-        raise ConfigError(key, f"unknown engine {name!r}; choose one of {', '.join(allowed)}")
-    return name
-
-
-def default_mesh(
-    engine: str, mesh: Sequence[int] | None, n_devices: int, members: int = 1
-) -> tuple[int, ...]:
-    """The device grid a run uses.
-
-    Args:
-      engine: one of ``ENGINES``.
-      mesh: the requested device-grid shape (``--mesh`` / ``parallel.mesh``), or None.
-      n_devices: devices JAX sees (``len(jax.devices())``, every process).
-      members: ensemble members sharing the devices (the mesh is one member's).
-
-    Returns:
-      ``(1,)`` for ``single`` whatever the mesh (one command line serves a loop over every
-      engine); the requested mesh; else every device along the first axis
-      (``(n_devices // members,)``).
-    """
-    if engine == "single":
-        return (1,)
-    if mesh is not None:
-        return tuple(int(m) for m in mesh)
-    return (max(n_devices // max(members, 1), 1),)
 
 
 def require_devices(
@@ -100,16 +65,6 @@ def require_count(n_devices: int, key: str = "parallel.devices") -> None:
     available = len(jax.devices())
     if n_devices < 1 or n_devices > available:
         raise ConfigError(key, f"{n_devices} devices requested, JAX sees {available}")
-
-
-def require_one_process(engine: str, key: str = "--engine") -> None:
-    """``ConfigError`` when ``engine`` is ``single`` in a multi-process run."""
-    if engine == "single" and jax.process_count() > 1:
-        raise ConfigError(
-            key,
-            f"engine 'single' runs in one process; this run has {jax.process_count()} "
-            "(use pmap, shard_map or sharded)",
-        )
 
 
 def require_every_process(n_devices: int, what: str, key: str = "parallel.devices") -> None:

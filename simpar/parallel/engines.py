@@ -37,22 +37,14 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 from jax import lax
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
-from simpar.parallel import blocks
-from simpar.parallel.blocks import ENGINES, check_live, gather_blocks, to_host
+from simpar.parallel import blocks, mapping
+from simpar.parallel.blocks import check_live, to_host
+from simpar.parallel.comm import LocalComm
 from simpar.parallel.grid_block import GridModel, Params, State, advance_block, observe_block
-from simpar.parallel.halo import (
-    BlockedComm,
-    LocalComm,
-    PmapComm,
-    ShardMapComm,
-    from_blocks,
-    pad,
-    to_blocks,
-)
+from simpar.parallel.halo import pad, to_blocks
+from simpar.parallel.mapping import ENGINES, REPLICATED, Blocks, Mapping, grid_blocks
 from simpar.parallel.topology import DeviceGrid, make_device_grid
 
 __all__ = ["ENGINES", "Engine", "GridModel", "advance_block", "make_engine", "observe_block"]
@@ -63,50 +55,127 @@ def _traced(state) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(state))
 
 
-def _array(u):
-    """``jax.Array``s (and tracers) as they are; anything else as a NumPy array."""
-    return u if isinstance(u, jax.Array) else np.asarray(u)
+def _fmt(shape) -> str:
+    return "(" + ", ".join(str(n) for n in shape) + ")"
 
 
-# --------------------------------------------------------------------------------------------
-# Engines
-# --------------------------------------------------------------------------------------------
 class Engine:
-    """Runs a grid model on a set of devices.
+    """Runs a grid model on a set of devices: a thin user of ``simpar.parallel.mapping``.
+
+    The fields are laid out as grid blocks (``mapping.grid_blocks``); the chunk program is
+    ``advance_block`` (the per-block program, with the mapping's ``comm``; ``sharded`` runs it on
+    the blocked global view with ``BlockedComm``), the diagnostics ``observe_block``.
 
     Args:
+      name: the engine (``ENGINES``).
       model: the grid model.
       domain_shape: global cells per spatial axis, e.g. ``(256, 256)``.
       grid: the device grid (``(1,)*d`` for ``single``).
       halo: halo width ``w >= model.radius``.
-      devices: the devices to use (``grid.size`` of them).
+      devices: the devices to use (``grid.size`` of them, ``members x`` for an ensemble).
+      members: ensemble members (``None``: no ensemble; ``simpar.parallel.ensemble``).
+
+    Attributes:
+      name, model, domain_shape, grid, halo, devices, mapping, mesh (``shard_map``/``sharded``),
+      members (ensembles only).
     """
 
-    name = "base"
-
-    def __init__(self, model: GridModel, domain_shape, grid: DeviceGrid, halo: int, devices):
+    def __init__(
+        self,
+        name: str,
+        model: GridModel,
+        domain_shape,
+        grid: DeviceGrid,
+        halo: int,
+        devices,
+        members: int | None = None,
+    ):
+        self.name = name
         self.model = model
         self.domain_shape = tuple(int(n) for n in domain_shape)
         self.grid = grid
         self.halo = int(halo)
-        self.devices = list(devices)
+        self.mapping = Mapping(name, grid, devices, members)
+        self.devices = self.mapping.devices
+        self.mesh = self.mapping.mesh
+        if members is not None:
+            self.members = int(members)
+        self._field = grid_blocks(model.ndim)
         self._advance = {}
         self._observe = None
+        self._obs_layouts = {}
+
+    def sharding(self, ndim: int):
+        """Where a global field with ``ndim`` axes lives (``NamedSharding`` on the mesh
+        engines): spatial axes split over the mesh, leading axes whole. Nothing is allocated."""
+        return self.mapping.sharding(self._field, ndim)
 
     # State placement -------------------------------------------------------------------------
+    def check_state(self, state: dict) -> None:
+        """``ValueError`` unless ``state`` has the model's fields with the domain's shape.
+
+        One line per problem: a wrong or missing name lists the expected names; a field whose
+        spatial axes are the domain's reversed says to transpose it (netCDF files store
+        ``(time, y, x)``, the engines take ``(x, y)``); another shape names the expected one; a
+        non-numeric dtype is refused.
+        """
+        expected = sorted(self.model.bcs)
+        if not isinstance(state, dict) or sorted(state) != expected:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(
+                f"{self.name} engine place: model {self.model.name} has fields {expected}, "
+                f"got {got}"
+            )
+        d, shape = self.model.ndim, self.domain_shape
+        members = getattr(self, "members", None)
+        for f, u in state.items():
+            s = tuple(np.shape(u))
+            spatial = s[len(s) - d :] if len(s) >= d else s
+            lead = "(members, ...) " if members is not None else ""
+            want = ((members,) if members is not None else ()) + shape
+            if spatial != shape:
+                if spatial == shape[::-1] and shape != shape[::-1]:
+                    raise ValueError(
+                        f"{self.name} engine place: field {f!r} has shape {_fmt(s)}, the "
+                        f"transpose of the domain {_fmt(shape)}; transpose: files store "
+                        "(time, y, x), the engines take (x, y) (e.g. u.T or np.swapaxes)"
+                    )
+                raise ValueError(
+                    f"{self.name} engine place: field {f!r} has shape {_fmt(s)}; expected "
+                    f"{lead}(..., {', '.join(map(str, shape))}), e.g. {_fmt(want)}"
+                )
+            if members is not None and (len(s) == d or s[0] != members):
+                raise ValueError(
+                    f"{self.name} engine place: field {f!r} has shape {_fmt(s)}; an ensemble "
+                    f"of {members} members expects {_fmt(want)} (members first)"
+                )
+            dt = np.dtype(u.dtype if hasattr(u, "dtype") else np.asarray(u).dtype)
+            if dt.kind not in "biufc":
+                raise ValueError(
+                    f"{self.name} engine place: field {f!r} has dtype {dt}; expected a numeric "
+                    "array (float fields, int/bool masks)"
+                )
+
     def place(self, state: dict) -> State:
         """Put a whole-domain state on the engine's devices in its layout.
 
         Args:
           state: field name -> array ``(*lead, N_0, ..., N_{d-1})`` (NumPy, ``jax.Array`` or a
-            tracer under ``jax.grad``/``vmap``/``jit``; traced values stay traced).
+            tracer under ``jax.grad``/``vmap``/``jit``; traced values stay traced); the names,
+            spatial shape and dtypes are checked (:meth:`check_state`).
 
         Returns:
           The engine's layout: whole-domain arrays (``single``), globally sharded arrays
           (``shard_map``, ``sharded``) or stacked blocks ``(n_dev, *lead, n_0, ...)``
           (``pmap``). The input is never modified or consumed.
+
+        Raises:
+          ValueError: wrong field names, shapes or dtypes.
         """
-        raise NotImplementedError
+        if not _traced(state):
+            check_live(state, f"{self.name} engine place")
+        self.check_state(state)
+        return {f: self.mapping.place(u, self._field) for f, u in state.items()}
 
     def gather(self, state: State) -> dict:
         """The whole-domain state from the engine's layout (inverse of :meth:`place`).
@@ -115,10 +184,9 @@ class Engine:
         run); traced arrays (under ``jax.grad``/``vmap``/``jit``) as traced ``jax.Array``s,
         so that a loss on the gathered fields can be differentiated.
         """
-        if _traced(state):
-            return dict(state)
-        check_live(state, f"{self.name} engine gather")
-        return {f: to_host(u) for f, u in state.items()}
+        if not _traced(state):
+            check_live(state, f"{self.name} engine gather")
+        return {f: self.mapping.gather(u, self._field) for f, u in state.items()}
 
     # Running ---------------------------------------------------------------------------------
     def advance(self, state: State, params: Params, n: int, *, donate: bool = False) -> State:
@@ -136,114 +204,97 @@ class Engine:
 
         Raises:
           DonatedStateError: ``state`` was donated to an earlier call.
+          ConfigError: on ``model.radius`` when the model's ``update`` does not crop its
+            padded input by ``radius`` cells per side (checked before anything is compiled).
         """
         check_live(state, f"{self.name} engine advance")
         key = (int(n), bool(donate))
         if key not in self._advance:
+            self.check_update(state, params)
             self._advance[key] = self._compile_advance(int(n), donate=bool(donate))
         return self._advance[key](state, params)
+
+    def check_update(self, state: State, params: Params) -> None:
+        """``ConfigError`` naming ``radius``, ``crop`` and the expected block shape unless
+        ``model.update`` maps a block padded by ``radius`` to the block (abstractly, nothing
+        runs)."""
+        m, d, r = self.model, self.model.ndim, self.model.radius
+        skip = 1 if (self.mapping.kind.stacked or getattr(self, "members", None)) else 0
+        shape = tuple(n + 2 * r for n in self.domain_shape)
+
+        def padded(u):
+            lead = tuple(np.shape(u))[skip : np.ndim(u) - d]
+            return jax.ShapeDtypeStruct(lead + shape, u.dtype)
+
+        def one(p):
+            s = np.shape(p)[1:] if getattr(self, "members", None) else np.shape(p)
+            return jax.ShapeDtypeStruct(s, jax.numpy.result_type(p))
+
+        try:
+            out = jax.eval_shape(
+                m.update, {f: padded(u) for f, u in state.items()}, jax.tree.map(one, params)
+            )
+        except Exception:  # noqa: BLE001 (the compiled step reports its own errors)
+            return
+        for f in state:
+            got = tuple(out[f].shape[-d:]) if f in out else None
+            if got != self.domain_shape:
+                raise ConfigError(
+                    "model.radius",
+                    f"model {m.name}: update returned field {f!r} with spatial shape {got} "
+                    f"from a block padded to {_fmt(shape)}; with radius = {r} it must return "
+                    f"the block {_fmt(self.domain_shape)} (crop(u, radius, ndim): the crop must "
+                    "match radius)",
+                )
 
     def observe(self, state, params: Params) -> dict[str, np.ndarray]:
         """Diagnostics as host NumPy values (scalars and 1-D profiles)."""
         check_live(state, f"{self.name} engine observe")
         if self._observe is None:
             self._observe = self._compile_observe()
-        return {k: to_host(v) for k, v in self._observe(state, params).items()}
+        out = self._observe(state, params)
+        return {
+            k: to_host(self.mapping.gather(v, self._obs_layouts.get(k, REPLICATED)))
+            for k, v in out.items()
+        }
+
+    def _blocked(self) -> bool:
+        """``sharded`` without members: the per-block step on the blocked global view."""
+        return self.mapping.kind.partitioned and self.mapping.members is None
 
     def _compile_advance(self, n: int, donate: bool = False):
-        raise NotImplementedError
-
-    def _whole_domain_advance(self, n: int):
-        """``advance_block`` on a block that is the whole domain (``single``)."""
-        comm = LocalComm(self.model.ndim)
-        return functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
-
-    def _whole_domain_observe(self):
-        """``observe_block`` on a block that is the whole domain (the global view)."""
-        return functools.partial(
-            observe_block,
-            model=self.model,
-            comm=LocalComm(self.model.ndim),
-            global_shape=self.domain_shape,
+        m = self.mapping
+        comm = m.blocked_comm if self._blocked() else m.comm
+        f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
+        field = self._field
+        return m.map(
+            f,
+            (field, REPLICATED),
+            lambda out: {k: field for k in out},
+            donate=donate,
+            blocked=self._blocked(),
         )
 
-    def _compile_observe(self):
-        raise NotImplementedError
-
-    def lowered_advance(self, state, params, n: int):
-        """The lowered chunk program (tests read its compiled HLO)."""
-        return self._compile_advance(n).lower(state, params)
-
-
-class SingleEngine(Engine):
-    """One device; boundary conditions fill the halo."""
-
-    name = "single"
-
-    def place(self, state):
-        check_live(state, f"{self.name} engine place")
-        return {f: blocks.place(u, self.devices[0]) for f, u in state.items()}
-
-    def _compile_advance(self, n, donate=False):
-        return jax.jit(self._whole_domain_advance(n), donate_argnums=0 if donate else ())
+    def _observe_layouts(self, out) -> dict:
+        """Scalars replicated, profiles split along the last mesh axis."""
+        prof = Blocks(((self.grid.ndim - 1,),), 0)
+        lay = {k: (prof if v.ndim == 1 else REPLICATED) for k, v in out.items()}
+        self._obs_layouts = lay
+        return lay
 
     def _compile_observe(self):
-        return jax.jit(self._whole_domain_observe())
+        m = self.mapping
+        if self._blocked():
+            return self._blocked_observe()
+        obs = functools.partial(
+            observe_block, model=self.model, comm=m.comm, global_shape=self.domain_shape
+        )
+        return m.map(obs, (self._field, REPLICATED), self._observe_layouts)
 
-
-class ShardedEngine(Engine):
-    """Global ``jax.Array`` with ``NamedSharding``; XLA partitions a jit-compiled global step.
-
-    The step is ``advance_block``, the per-block program of the other engines, applied once to
-    the global view of all blocks: each field is reshaped to ``(*grid.shape, *lead, n_0, ...)``
-    (no data moves: device ``i`` holds block ``i``) and the halo is exchanged by ``BlockedComm``,
-    a roll of the boundary slabs along a grid axis, which XLA compiles into collective-permutes
-    of those slabs; the code has no explicit collective. Padding the global field itself (``N + 2w`` cells do not divide over the
-    devices) made XLA re-lay out whole fields every step.
-    """
-
-    name = "sharded"
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.mesh = blocks.make_mesh(self.grid.shape, self.grid.axis_names, self.devices)
-
-    def sharding(self, ndim: int) -> NamedSharding:
-        """``NamedSharding`` of a global field with ``ndim`` axes: spatial axes split over the
-        mesh, leading component axes whole."""
-        lead = (None,) * (ndim - self.model.ndim)
-        return blocks.sharding(self.mesh, *lead, *self.grid.axis_names)
-
-    def _block_sharding(self, ndim: int) -> NamedSharding:
-        rest = (None,) * (ndim - self.grid.ndim)
-        return blocks.sharding(self.mesh, *self.grid.axis_names, *rest)
-
-    def place(self, state):
-        # tracers: a sharding constraint; device arrays: a copy in the layout; host data:
-        # each process materialises only the shards its own devices hold
-        check_live(state, f"{self.name} engine place")
-        return {f: blocks.place(u, self.sharding(np.ndim(u))) for f, u in state.items()}
-
-    def _compile_advance(self, n, donate=False):
-        g, d = self.grid.shape, self.model.ndim
-        pin = lax.with_sharding_constraint
-        comm = BlockedComm(self.grid)
-
-        def step(state, params):
-            blocks = {}
-            for k, v in state.items():
-                b = to_blocks(v, g, d)
-                blocks[k] = pin(b, self._block_sharding(b.ndim))
-            out = advance_block(blocks, params, n, model=self.model, comm=comm, w=self.halo)
-            # keep the result laid out like the input (no silent resharding between chunks)
-            return {k: pin(from_blocks(v, g, d), self.sharding(v.ndim - d)) for k, v in out.items()}
-
-        return jax.jit(step, donate_argnums=0 if donate else ())
-
-    def _compile_observe(self):
+    def _blocked_observe(self):
         """Field sums and profiles in the global view; the model's halo-reading sums
         (``local_sums``, e.g. the wave energy's Laplacian) on the blocks, padded like a step."""
-        model = self.model
+        model, m = self.model, self.mapping
         fields = functools.partial(
             observe_block,
             model=dataclasses.replace(model, local_sums=None),
@@ -252,132 +303,48 @@ class ShardedEngine(Engine):
         )
         if model.local_sums is None:
             return jax.jit(fields)
-        comm = BlockedComm(self.grid)
         g, d = self.grid.shape, model.ndim
 
         def run(state, params):
             out = fields(state, params)
             padded = {}
             for f, u in state.items():
-                b = lax.with_sharding_constraint(
-                    to_blocks(u, g, d), self._block_sharding(u.ndim + d)
-                )
-                padded[f] = pad(b, model.radius, model.bcs[f], comm)
+                b = to_blocks(u, g, d)
+                spec = (*self.grid.axis_names, *(None,) * (b.ndim - len(g)))
+                b = lax.with_sharding_constraint(b, blocks.sharding(self.mesh, *spec))
+                padded[f] = pad(b, model.radius, model.bcs[f], m.blocked_comm)
             out.update(model.local_sums(padded, params))
             return out
 
         return jax.jit(run)
 
+    def lowered_advance(self, state, params, n: int):
+        """The lowered chunk program (tests read its compiled HLO)."""
+        return self._compile_advance(n).lower(state, params)
 
-class ShardMapEngine(ShardedEngine):
-    """The per-block step under ``jax.shard_map`` with ``ppermute`` along mesh axes."""
 
-    name = "shard_map"
+def default_halo(model: GridModel, domain_shape: Sequence[int], mesh: Sequence[int]) -> int:
+    """4 steps per exchange by default: one halo fill then four fused stencil passes ran 2x
+    faster than a fill per step (experiments/bench_heat.py); capped by the block size."""
+    sizes = [
+        n // m for n, m in zip(domain_shape, tuple(mesh) + (1,) * len(domain_shape), strict=False)
+    ]
+    return max(model.radius, min(4 * model.radius, min(sizes)) // model.radius * model.radius)
 
-    def _specs(self, state_like):
-        return {f: self.sharding(np.ndim(u)).spec for f, u in state_like.items()}
 
-    params_spec = P()  # parameters are replicated (ensembles: split by member)
-
-    def _per_block(self, fn):
-        """The per-block function as ``shard_map`` calls it (ensembles strip a member axis)."""
-        return fn
-
-    def _observe_specs(self, state, params):
-        shapes = jax.eval_shape(self._whole_domain_observe(), state, params)
-        last = self.grid.axis_names[-1]
-        return {k: (P(last) if v.ndim == 1 else P()) for k, v in shapes.items()}
-
-    def _compile_advance(self, n, donate=False):
-        comm = ShardMapComm(self.grid)
-        f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
-        f = self._per_block(f)
-
-        def step(state, params):
-            specs = self._specs(state)
-            return blocks.shard_map(f, self.mesh, (specs, self.params_spec), specs)(state, params)
-
-        return jax.jit(step, donate_argnums=0 if donate else ())
-
-    def _compile_observe(self):
-        comm = ShardMapComm(self.grid)
-        obs = functools.partial(
-            observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
+def engine_grid(name, model, domain_shape, mesh, halo, available, members: int = 1):
+    """``(mesh, halo, grid)`` of a grid engine, checked (``make_engine``, ensembles)."""
+    mapping.check_engine(name)
+    mesh = mapping.default_mesh(name, mesh, len(available), members)
+    halo = default_halo(model, domain_shape, mesh) if halo is None else int(halo)
+    if halo < model.radius:
+        raise ConfigError(
+            "parallel.halo",
+            f"halo width {halo} is below the stencil radius {model.radius} of model {model.name}",
         )
-        obs = self._per_block(obs)
-
-        def run(state, params):
-            return blocks.shard_map(
-                obs,
-                self.mesh,
-                (self._specs(state), self.params_spec),
-                self._observe_specs(state, params),
-            )(state, params)
-
-        return jax.jit(run)
-
-
-class PmapEngine(Engine):
-    """One flat ``pmap`` axis over the device grid; blocks stacked on a leading device axis."""
-
-    name = "pmap"
-
-    def _blocks(self, u: np.ndarray) -> np.ndarray:
-        """Global ``(*lead, N_0, ..., N_{d-1})`` -> ``(n_dev, *lead, n_0, ..., n_{d-1})``."""
-        b = to_blocks(u, self.grid.shape, self.model.ndim)
-        return b.reshape(self.grid.size, *b.shape[self.grid.ndim :])
-
-    def _unblocks(self, b: np.ndarray) -> np.ndarray:
-        return from_blocks(
-            b.reshape(*self.grid.shape, *b.shape[1:]), self.grid.shape, self.model.ndim
-        )
-
-    def place(self, state):
-        if _traced(state):
-            # the pmapped chunk distributes the stacked blocks itself
-            return {f: self._blocks(u) for f, u in state.items()}
-        check_live(state, f"{self.name} engine place")
-        # block i on device i; in a multi-process run each process places its own blocks
-        return {
-            f: blocks.put_blocks(self._blocks(_array(u)), self.devices) for f, u in state.items()
-        }
-
-    def gather(self, state):
-        if _traced(state):
-            return {f: self._unblocks(u) for f, u in state.items()}
-        check_live(state, f"{self.name} engine gather")
-        return {f: self._unblocks(gather_blocks(u)) for f, u in state.items()}
-
-    def _compile_advance(self, n, donate=False):
-        comm = PmapComm(self.grid, blocks.PMAP_AXIS)
-        f = functools.partial(advance_block, n=n, model=self.model, comm=comm, w=self.halo)
-        return blocks.pmap(f, self.devices, in_axes=(0, None), donate=donate)
-
-    def _compile_observe(self):
-        comm = PmapComm(self.grid, blocks.PMAP_AXIS)
-        obs = blocks.pmap(
-            functools.partial(
-                observe_block, model=self.model, comm=comm, global_shape=self.domain_shape
-            ),
-            self.devices,
-            in_axes=(0, None),
-        )
-        # the devices at coordinate 0 of every axis but the last hold one profile segment each
-        column = [
-            self.grid.index((0,) * (self.grid.ndim - 1) + (j,)) for j in range(self.grid.shape[-1])
-        ]
-
-        def run(state, params):
-            out = {k: gather_blocks(v) for k, v in obs(state, params).items()}
-            return {
-                k: (np.concatenate([v[i] for i in column]) if v.ndim == 2 else v[0])
-                for k, v in out.items()
-            }
-
-        return run
-
-
-_ENGINE_CLASSES = {c.name: c for c in (SingleEngine, PmapEngine, ShardMapEngine, ShardedEngine)}
+    mapping.require_one_process(name)
+    grid = make_device_grid(mesh, domain_shape, model.periodic, halo)
+    return halo, grid
 
 
 def make_engine(
@@ -403,24 +370,7 @@ def make_engine(
     Raises:
       ConfigError: unknown engine, too few devices, or a mesh that does not tile the domain.
     """
-    blocks.check_engine(name)
     available = list(devices) if devices is not None else jax.devices()
-    mesh = blocks.default_mesh(name, mesh, len(available))
-    if halo is None:
-        # 4 steps per exchange by default: one halo fill then four fused stencil passes ran
-        # 2x faster than a fill per step (experiments/bench_heat.py); capped by the block size
-        sizes = [
-            n // m
-            for n, m in zip(domain_shape, tuple(mesh) + (1,) * len(domain_shape), strict=False)
-        ]
-        halo = max(model.radius, min(4 * model.radius, min(sizes)) // model.radius * model.radius)
-    halo = int(halo)
-    if halo < model.radius:
-        raise ConfigError(
-            "parallel.halo",
-            f"halo width {halo} is below the stencil radius {model.radius} of model {model.name}",
-        )
-    blocks.require_one_process(name)
-    grid = make_device_grid(mesh, domain_shape, model.periodic, halo)
+    halo, grid = engine_grid(name, model, domain_shape, mesh, halo, available)
     blocks.require_devices(grid.shape, len(available))
-    return _ENGINE_CLASSES[name](model, domain_shape, grid, halo, available[: grid.size])
+    return Engine(name, model, domain_shape, grid, halo, available[: grid.size])

@@ -55,9 +55,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from simpar.errors import ConfigError
-from simpar.parallel import blocks
-from simpar.parallel.blocks import PMAP_AXIS
-from simpar.parallel.halo import LocalComm, PmapComm, ShardMapComm
+from simpar.parallel import blocks, mapping
+from simpar.parallel.blocks import PMAP_AXIS  # noqa: F401  (re-exported: tests and scripts name it)
+from simpar.parallel.comm import LocalComm, ShardMapComm
 from simpar.parallel.topology import AXIS_NAMES, DeviceGrid
 
 
@@ -307,15 +307,14 @@ class SpectralOps:
 
 
 def grid_comm(plan: FFTPlan, engine: str):
-    """The ``Comm`` a per-block transform uses under ``engine`` (``pmap`` axis ``"dev"``)."""
-    grid = DeviceGrid(plan.mesh, (True,) * plan.ndim)
-    if engine == "pmap":
-        return PmapComm(grid, PMAP_AXIS)
-    if engine == "shard_map":
-        return ShardMapComm(grid)
-    if engine == "single" and math.prod(plan.mesh) == 1:
+    """The ``Comm`` a per-block transform uses under ``engine`` (``pmap`` axis ``"dev"``): the
+    comm of the engine's ``simpar.parallel.mapping.Mapping`` over ``plan.mesh``."""
+    k = mapping.kind(engine)
+    if not (k.per_block or (k.one_device and math.prod(plan.mesh) == 1)):
+        raise ConfigError("--engine", f"per-block FFT runs under pmap or shard_map, not {engine!r}")
+    if k.one_device:
         return LocalComm(plan.ndim)
-    raise ConfigError("--engine", f"per-block FFT runs under pmap or shard_map, not {engine!r}")
+    return mapping.Mapping(engine, mapping.device_grid(plan.mesh)).comm
 
 
 def block_ops(plan: FFTPlan, engine: str) -> SpectralOps:
@@ -388,21 +387,16 @@ def global_freq(plan: FFTPlan, axis: int) -> jax.Array:
 def make_ops(engine: str, shape: Sequence[int], mesh: Sequence[int] = (1,), real: bool = False):
     """``(plan, ops)`` for ``engine``: :func:`block_ops` for ``pmap``/``shard_map``,
     :func:`global_ops` for ``single``/``sharded`` (the sharded mesh from :func:`device_mesh`)."""
-    if engine == "single":
-        mesh = (1,)
-    plan = make_plan(shape, mesh, real)
-    if engine in blocks.PER_BLOCK:
+    k = mapping.kind(engine)
+    plan = make_plan(shape, (1,) if k.one_device else mesh, real)
+    if k.per_block:
         return plan, block_ops(plan, engine)
-    if engine == "sharded":
+    if k.partitioned:
         return plan, global_ops(plan, device_mesh(plan.mesh))
-    if engine == "single":
-        return plan, global_ops(plan)
-    raise ConfigError(
-        "--engine", f"unknown engine {engine!r}; choose single, pmap, shard_map or sharded"
-    )
+    return plan, global_ops(plan)
 
 
-# -- placing blocks (one small local helper; to be redirected to simpar.parallel.blocks) ------
+# -- meshes and per-block programs for tests and scripts (through simpar.parallel.mapping) ----
 
 
 def device_mesh(mesh: Sequence[int], devices=None) -> Mesh:
@@ -421,16 +415,14 @@ def blockwise(fn, plan: FFTPlan, engine: str, fourier_in: bool, fourier_out: boo
 
     ``pmap``: a ``jax.pmap`` over stacked blocks ``(n_dev, *lead, *block)`` (see
     :func:`split_blocks`); ``shard_map``: a jitted ``shard_map`` over global arrays in the
-    layouts named by ``fourier_in`` / ``fourier_out``.
+    layouts named by ``fourier_in`` / ``fourier_out`` (``simpar.parallel.mapping``).
     """
-    if engine == "pmap":
-        return blocks.pmap(fn, jax.devices()[: math.prod(plan.mesh)], axis_name=PMAP_AXIS)
-    if engine == "shard_map":
-        mesh = device_mesh(plan.mesh)
-        return jax.jit(
-            blocks.shard_map(fn, mesh, plan.spec(fourier_in, nlead), plan.spec(fourier_out, nlead))
-        )
-    raise ConfigError("--engine", f"blockwise runs pmap or shard_map, not {engine!r}")
+    if not mapping.kind(engine).per_block:
+        raise ConfigError("--engine", f"blockwise runs pmap or shard_map, not {engine!r}")
+    m = mapping.Mapping(engine, mapping.device_grid(plan.mesh))
+    return m.map(
+        fn, (mapping.pencils(plan, fourier_in, nlead),), mapping.pencils(plan, fourier_out, nlead)
+    )
 
 
 def split_blocks(u, plan: FFTPlan, fourier: bool):

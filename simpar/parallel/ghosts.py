@@ -1,5 +1,5 @@
 """Ghost atoms and migration of a spatially decomposed particle run, for one block and a
-``Comm`` (``LocalComm`` / ``PmapComm`` / ``ShardMapComm`` from ``halo.py``).
+``Comm`` (``LocalComm`` / ``PmapComm`` / ``ShardMapComm`` from ``simpar.parallel.comm``).
 
 The periodic box is cut into ``grid.shape`` sub-boxes (a ``DeviceGrid`` of 1 to 3 axes;
 missing axes are not split). Device ``c`` owns the atoms whose wrapped position lies in its
@@ -35,12 +35,31 @@ caller can flag an overflow, nothing is dropped silently.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from simpar.errors import SimulationError
-from simpar.parallel.capacity import MARGIN, DomainSpec
+from simpar.parallel.capacity import MARGIN
+from simpar.parallel.topology import DeviceGrid
+
+
+class DomainSpec(Protocol):
+    """What the exchange reads of a decomposed run's static layout (answered by
+    ``simpar.particles.domain_spec.DomainSpec``, which ``simpar.parallel`` does not import)."""
+
+    grid: DeviceGrid
+    capacity: int
+    migrate: int
+    send: tuple[int, ...]
+    nbr: object  # radius, max_neighbors, column_capacity
+    ghost_axes: tuple[bool, bool, bool]
+    hops: tuple[int, int, int]
+    stages: tuple[tuple[int, int, int], ...]
+    shape3: tuple[int, int, int]
+
 
 _BIG = np.iinfo(np.int32).max
 

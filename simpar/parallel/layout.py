@@ -18,7 +18,6 @@ import contextlib
 import io
 
 import jax
-import numpy as np
 
 from simpar.axes import AXIS_NAMES
 from simpar.parallel import blocks as _blocks
@@ -46,26 +45,16 @@ def _picture(engine) -> str:
     except ImportError:
         return "(install rich, e.g. pip install 'simpar[layout]', for a picture)\n"
     shape = engine.domain_shape
-    if engine.name == "pmap":
+    if engine.mapping.kind.stacked:
         # the flat pmap axis mapped back to the grid: device i at grid.coords(i)
         mesh = _blocks.make_mesh(engine.grid.shape, engine.grid.axis_names, engine.devices)
         sharding = _blocks.sharding(mesh, *mesh.axis_names)
-    else:  # where the engine places a field: from one cell per block (nothing of full size)
-        small = np.zeros(tuple(engine.grid.shape) + (1,) * (len(shape) - engine.grid.ndim), np.int8)
-        sharding = _placed_sharding(engine, small, shape)
+    else:  # where the engine places a field, from the mapping: nothing is allocated
+        sharding = engine.sharding(len(shape))
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         jax.debug.visualize_sharding(shape, sharding, use_color=False)
     return buf.getvalue()
-
-
-def _placed_sharding(engine, small: np.ndarray, shape):
-    """The sharding ``engine.place`` gives a field of ``shape``, found without allocating it:
-    from a field of one cell per block where the engine accepts it, else the full field."""
-    try:
-        return engine.place({"u": small})["u"].sharding
-    except Exception:  # an engine that checks the shape: the full field (int8)
-        return engine.place({"u": np.zeros(shape, np.int8)})["u"].sharding
 
 
 def describe(engine) -> str:
@@ -85,11 +74,12 @@ def describe(engine) -> str:
     if members is not None:
         lines.append(
             f"ensemble of {members} members, each on its own {grid.size} device(s)"
-            + (" (vmapped on one device)" if engine.name == "single" else "")
+            + (" (vmapped on one device)" if engine.mapping.kind.one_device else "")
         )
-    if engine.name == "pmap" and members is None:
+    stacked = engine.mapping.kind.stacked
+    if stacked and members is None:
         lines.append("pmap flat index i holds the block at grid coordinates coords(i), C order")
-    elif engine.name == "pmap":
+    elif stacked:
         lines.append(
             f"pmap flat index i holds member i // {grid.size}'s block at grid coordinates "
             f"coords(i % {grid.size}), C order"

@@ -43,18 +43,16 @@ import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
 from simpar.errors import ConfigError, SimulationError
-from simpar.parallel import blocks, ghosts
-from simpar.parallel.blocks import PMAP_AXIS
-from simpar.parallel.halo import LocalComm
+from simpar.parallel import ghosts, mapping
+from simpar.parallel.comm import LocalComm
 from simpar.parallel.spectral_engine import SpectralEngine
 
-PARTICLES = "particles"  # layout of per-device particle buffers (leading axis over devices)
+PARTICLES = mapping.PARTICLES  # per-device particle buffers, split along the particle axis
 
 
 class _MigrateSpec(NamedTuple):
@@ -107,7 +105,8 @@ class PMEngine:
         self.mesh = self._se.mesh
         self.box = tuple(float(b) for b in box)
         self.n_dev = math.prod(self.plan.mesh)
-        self.decomposed = engine in blocks.PER_BLOCK
+        self.mapping = self._se.mapping
+        self.decomposed = self.mapping.kind.per_block
         self.comm = self._se.comm if self.decomposed else LocalComm(3)
         for key, v in (("pm.capacity", capacity), ("pm.migrate", migrate)):
             if v is not None and int(v) < 1:
@@ -183,18 +182,13 @@ class PMEngine:
         return tuple(self._put(x) for x in (bp, bv, bm, bi, *bx))
 
     def _put(self, x: np.ndarray):
-        if self.engine == "pmap":
-            return blocks.put_blocks(x, self.devices)
-        if self.engine == "single":
-            return jax.device_put(x, self.devices[0])
-        if self.engine == "shard_map":
+        if self.decomposed:  # (n_dev, P, ...) buffers: P slots per device, flattened
             x = x.reshape(-1, *x.shape[2:])
-        return blocks.put_global(x, self._sharding(PARTICLES, len(x)))
+        return self.mapping.place(x, mapping.PARTICLES)
 
-    def _sharding(self, layout, n: int | None = None):
-        if layout == PARTICLES and (n is None or n % self.n_dev == 0):
-            return blocks.sharding(self.mesh, self._names)
-        return blocks.sharding(self.mesh)
+    def _gather(self, x) -> np.ndarray:
+        """A placed particle array -> host ``(n_dev * P, ...)`` (``(N, ...)`` undecomposed)."""
+        return self.mapping.gather(x, mapping.PARTICLES)
 
     def collect(self, arrays, step: int = 0):
         """Placed ``(pos, vel, mass, ids, ...)`` -> host arrays of the ``N`` particles in id order.
@@ -204,10 +198,7 @@ class PMEngine:
         """
         host = []
         for x in arrays:
-            h = blocks.gather_blocks(x) if self.engine == "pmap" else blocks.to_host(x)
-            if self.engine == "pmap":
-                h = h.reshape(self.n_dev * self.capacity, *h.shape[2:])
-            host.append(h)
+            host.append(self._gather(x))
         ids = host[3]
         keep = ids >= 0
         got = np.sort(ids[keep])
@@ -259,41 +250,17 @@ class PMEngine:
     def per_device(self, x, width: int) -> np.ndarray:
         """Per-device results of a mapped program (declared ``PARTICLES``) on the host,
         ``(n_blocks, width)`` (one row on ``single``/``sharded``)."""
-        h = blocks.gather_blocks(x) if self.engine == "pmap" else blocks.to_host(x)
-        return np.asarray(h).reshape(-1, width)
+        return np.asarray(self._gather(x)).reshape(-1, width)
 
     # -- mapped programs -------------------------------------------------------------------------
     def map(self, fn: Callable, in_layouts: Sequence, out_layouts, donate: bool = False):
         """``fn`` on every device; layouts ``PARTICLES`` (a pytree of particle buffers) or
-        ``None`` (replicated: parameters, step counts).
+        ``None`` (replicated: parameters, step counts), mapped by ``simpar.parallel.mapping``.
 
         Under ``pmap``/``shard_map`` ``fn`` sees one device's buffers; per-device results
         (e.g. flags) are declared ``PARTICLES`` and come back stacked.
         """
-        in_layouts = tuple(in_layouts)
-        donate_argnums = (0,) if donate else ()
-        each = lambda ls, f: f(ls) if not isinstance(ls, tuple) else tuple(map(f, ls))  # noqa: E731
-        if self.engine == "pmap":
-            ax = lambda ls: 0 if ls == PARTICLES else None  # noqa: E731
-            return blocks.pmap(
-                fn,
-                self.devices,
-                in_axes=tuple(ax(ls) for ls in in_layouts),
-                out_axes=each(out_layouts, ax),
-                donate=donate,
-                axis_name=PMAP_AXIS,
-            )
-        if self.engine == "shard_map":
-            spec = lambda ls: self._sharding(ls).spec  # noqa: E731
-            mapped = blocks.shard_map(
-                fn,
-                self.mesh,
-                tuple(spec(ls) for ls in in_layouts),
-                each(out_layouts, spec),
-                check_vma=False,
-            )
-            return jax.jit(mapped, donate_argnums=donate_argnums)
-        return jax.jit(fn, donate_argnums=donate_argnums)
+        return self.mapping.map(fn, tuple(in_layouts), out_layouts, donate=donate)
 
 
 __all__ = ["PARTICLES", "PMEngine"]

@@ -15,7 +15,7 @@ results therefore agree to round-off, not bitwise.
 This module knows no physics: a model hands in its per-block programs (:class:`RingKernels`),
 written once against a :class:`Ring` (sum a pair kernel over every source block, sum a value
 over the blocks), and :func:`make_ring_engine` maps them over the devices with
-``simpar.parallel.blocks``:
+``simpar.parallel.mapping`` (particle arrays in the ``PARTICLES`` layout):
 
 - ``single``: one device, the programs under ``jax.jit`` (the ring is the one block).
 - ``pmap``: ``blocks.pmap`` over a flat axis; arrays laid out ``(n_dev, N / n_dev, ...)``.
@@ -46,9 +46,9 @@ import numpy as np
 from jax import lax
 
 from simpar.errors import ConfigError
-from simpar.parallel import blocks
-from simpar.parallel.blocks import ENGINES
-from simpar.parallel.halo import Comm, PmapComm, ShardMapComm
+from simpar.parallel import blocks, mapping
+from simpar.parallel.comm import Comm
+from simpar.parallel.mapping import ENGINES, REPLICATED, Mapping, Particles
 from simpar.parallel.topology import DeviceGrid
 
 __all__ = [
@@ -184,12 +184,12 @@ class RingEngine(NamedTuple):
 
 def check_layout(n: int, engine: str, n_devices: int) -> None:
     """Raise ``ConfigError`` unless ``n`` particles can run on ``engine`` x ``n_devices``."""
-    blocks.check_engine(engine, "parallel.engine")
+    one_device = mapping.kind(engine, "parallel.engine").one_device
     blocks.require_count(n_devices, "parallel.devices")
     if jax.process_count() > 1:
-        blocks.require_one_process(engine)
+        mapping.require_one_process(engine)
         blocks.require_every_process(n_devices, f"a ring of {n_devices} devices")
-    if engine == "single" and n_devices != 1:
+    if one_device and n_devices != 1:
         raise ConfigError("parallel.devices", f"engine 'single' runs on 1 device, got {n_devices}")
     if n % n_devices:
         raise ConfigError(
@@ -198,73 +198,6 @@ def check_layout(n: int, engine: str, n_devices: int) -> None:
             f"(N must be a multiple of the device count; N = {n - n % n_devices} or "
             f"{n - n % n_devices + n_devices} would do)",
         )
-
-
-class _Layout(NamedTuple):
-    """How one engine holds the data its programs take and give."""
-
-    put: Callable  # whole-system host array (N, ...) -> the engine's layout
-    fetch: Callable  # the engine's layout -> host NumPy (N, ...)
-    params: Callable  # (params, dtype) -> params as the programs take them
-    count: Callable  # n_steps -> as the run program takes it
-    result: Callable  # the programs' replicated observables -> as returned
-
-
-def _cast(params, dtype):
-    return jax.tree.map(lambda p: jnp.asarray(p, dtype), params)
-
-
-def _layout(engine: str, devices, mesh) -> _Layout:
-    n = len(devices)
-    if engine == "single":
-
-        def put(a):
-            return jax.device_put(jnp.asarray(a), devices[0])
-
-        return _Layout(put, blocks.to_host, _cast, lambda k: k, lambda o: o)
-    if engine == "pmap":
-        return _Layout(
-            lambda a: blocks.put_blocks(blocks.stack(a, n), devices),
-            # every process's blocks, in ring order (a collective)
-            lambda a: blocks.gather_blocks(a).reshape((-1,) + a.shape[2:]),
-            _cast,
-            lambda k: k,
-            lambda o: jax.tree.map(lambda x: x[0], o),  # psum results are replicated
-        )
-    part, repl = blocks.sharding(mesh, mesh.axis_names[0]), blocks.sharding(mesh)
-    return _Layout(
-        lambda a: blocks.put_global(a, part),
-        blocks.to_host,
-        # replicated on every device of every process
-        lambda p, dtype: jax.tree.map(lambda x: blocks.put_global(np.asarray(x, dtype), repl), p),
-        lambda k: blocks.put_global(np.asarray(k, np.int32), repl),
-        lambda o: jax.tree.map(blocks.to_host, o),  # may span processes
-    )
-
-
-def _mapped(engine: str, fn: Callable, devices, mesh, ins: tuple, outs):
-    """One per-block program under ``engine``.
-
-    ``ins`` says per argument and ``outs`` per output (a pytree prefix) whether it is split
-    over the blocks (``True``: particle arrays) or replicated (``False``).
-    """
-    if engine in ("single", "sharded"):  # the block is the whole system
-        f = functools.partial(fn, ring=Ring())
-        if engine == "single":
-            return jax.jit(f)
-        part, repl = blocks.sharding(mesh, mesh.axis_names[0]), blocks.sharding(mesh)
-        return jax.jit(f, out_shardings=jax.tree.map(lambda s: part if s else repl, outs))
-    grid = DeviceGrid((len(devices),), (True,))
-    if engine == "pmap":
-        f = functools.partial(fn, ring=Ring(PmapComm(grid, blocks.PMAP_AXIS)))
-        return blocks.pmap(f, devices, in_axes=tuple(0 if s else None for s in ins))
-    f = functools.partial(fn, ring=Ring(ShardMapComm(grid)))
-
-    def spec(split):
-        return jax.P(grid.axis_names[0]) if split else jax.P()
-
-    in_specs = tuple(spec(s) for s in ins)
-    return jax.jit(blocks.shard_map(f, mesh, in_specs, jax.tree.map(spec, outs)))
 
 
 def make_ring_engine(engine: str, n_devices: int, kernels: RingKernels) -> RingEngine:
@@ -283,31 +216,46 @@ def make_ring_engine(engine: str, n_devices: int, kernels: RingKernels) -> RingE
       ConfigError: unknown engine, too many devices, or a device set that misses a process.
     """
     check_layout(n_devices, engine, n_devices)
-    devices = jax.devices()[:n_devices]
-    mesh = None if engine in ("single", "pmap") else blocks.make_mesh((n_devices,), ("x",), devices)
-    lay = _layout(engine, devices, mesh)
-    init = _mapped(engine, kernels.init, devices, mesh, (True, True, True, False), True)
-    run = _mapped(engine, kernels.run, devices, mesh, (True, False, False), (True, False))
-    observe = _mapped(engine, kernels.observe, devices, mesh, (True, False), False)
+    m = Mapping(engine, DeviceGrid((n_devices,), (True,)), jax.devices()[:n_devices])
+    ring = Ring(m.comm if m.kind.per_block else None)  # one block: the whole system
+
+    PARTICLES = Particles(even=True)  # N is a multiple of the ring (check_layout)
+
+    def mapped(fn, ins, outs):
+        return m.map(functools.partial(fn, ring=ring), ins, outs)
+
+    init = mapped(kernels.init, (PARTICLES,) * 3 + (REPLICATED,), PARTICLES)
+    run = mapped(kernels.run, (PARTICLES, REPLICATED, REPLICATED), (PARTICLES, REPLICATED))
+    observe = mapped(kernels.observe, (PARTICLES, REPLICATED), REPLICATED)
 
     def dtype(state):
         return jax.tree.leaves(state)[0].dtype
 
+    def put(a):
+        return m.place(np.asarray(a), PARTICLES)
+
+    def replicated(params, dtype):  # on every device of every process
+        return jax.tree.map(lambda p: m.place(np.asarray(p, dtype), REPLICATED), params)
+
+    def result(obs):  # the programs' replicated observables (may span processes)
+        return jax.tree.map(lambda o: m.gather(o, REPLICATED), obs)
+
     def init_fn(pos, vel, mass, params):
         check_layout(len(mass), engine, n_devices)
-        pos, vel, mass = (lay.put(a) for a in (pos, vel, mass))
-        return init(pos, vel, mass, lay.params(params, pos.dtype))
+        pos, vel, mass = (put(a) for a in (pos, vel, mass))
+        return init(pos, vel, mass, replicated(params, pos.dtype))
 
     def run_fn(state, params, n_steps):
-        state, obs = run(state, lay.params(params, dtype(state)), lay.count(n_steps))
-        return state, lay.result(obs)
+        count = m.place(np.asarray(n_steps, np.int32), REPLICATED)
+        state, obs = run(state, replicated(params, dtype(state)), count)
+        return state, result(obs)
 
     return RingEngine(
         engine,
         n_devices,
         init_fn,
         run_fn,
-        lambda s, p: lay.result(observe(s, lay.params(p, dtype(s)))),
-        lambda s: jax.tree.map(lay.fetch, s),
-        lambda s: jax.tree.map(lay.put, s),
+        lambda s, p: result(observe(s, replicated(p, dtype(s)))),
+        lambda s: jax.tree.map(lambda a: m.gather(a, PARTICLES), s),
+        lambda s: jax.tree.map(put, s),
     )

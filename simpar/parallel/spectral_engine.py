@@ -2,7 +2,8 @@
 
 A spectral model (``simpar.grid.spectral_ns``) is written once against a set of transforms
 ``ops`` (``simpar.parallel.fft.SpectralOps``) and, for global sums, a ``comm``. This module
-picks both for an engine and maps a program built from them over the devices; it imports no
+picks both for an engine and maps a program built from them over the devices through
+``simpar.parallel.mapping`` (its layouts: the plan's pencils, real or Fourier); it imports no
 model (the program is passed in):
 
 =============  ======================================  ==========================================
@@ -23,7 +24,6 @@ and the ``pmap``/``shard_map`` wrappers all come from ``simpar.parallel.blocks``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -31,8 +31,7 @@ import jax
 import numpy as np
 
 from simpar.errors import ConfigError
-from simpar.parallel import blocks, fft
-from simpar.parallel.blocks import PMAP_AXIS
+from simpar.parallel import blocks, fft, mapping
 
 
 class Layout(NamedTuple):
@@ -50,13 +49,6 @@ class Layout(NamedTuple):
 
 REAL = Layout(False)
 FOURIER = Layout(True)
-
-
-def _each(layouts, fn):
-    """``fn`` of one layout (a :class:`Layout` or ``None``), or of each in a tuple of them."""
-    if layouts is None or isinstance(layouts, Layout):
-        return fn(layouts)
-    return tuple(fn(o) for o in layouts)
 
 
 class SpectralEngine:
@@ -97,37 +89,43 @@ class SpectralEngine:
         real: bool = True,
         key: str = "--mesh",
     ):
-        blocks.check_engine(engine)
+        k = mapping.kind(engine)
         self.engine = engine
-        mesh = (1,) if engine == "single" else tuple(int(m) for m in mesh)
+        mesh = (1,) if k.one_device else tuple(int(m) for m in mesh)
         try:
             self.plan = plan = fft.make_plan(shape, mesh, real)
-            n = math.prod(plan.mesh)
-            if engine != "single":
+            if not k.one_device:
                 blocks.require_devices(plan.mesh, len(jax.devices()), key)
         except ConfigError as err:
             if err.key != "--mesh":
                 raise
             raise ConfigError(key, err.message) from None
-        self.devices = list(jax.devices())[:n]
-        self.mesh = None
-        if engine in blocks.PER_BLOCK:
-            self.ops = fft.block_ops(plan, engine)
-            self.comm = fft.grid_comm(plan, engine)
-            if engine == "shard_map":
-                self.mesh = fft.device_mesh(plan.mesh, self.devices)
-        elif engine == "sharded":
-            self.mesh = fft.device_mesh(plan.mesh, self.devices)
+        self.mapping = mapping.Mapping(engine, mapping.device_grid(plan.mesh))
+        self.devices = self.mapping.devices
+        self.mesh = self.mapping.mesh
+        if k.per_block:
+            self.comm = self.mapping.comm
+            self.ops = fft.SpectralOps(
+                lambda x: fft.forward_block(x, plan, self.comm),
+                lambda y: fft.inverse_block(y, plan, self.comm),
+                lambda a: fft.freq_block(plan, self.comm, a),
+                plan,
+            )
+        else:  # one device: jnp.fft; sharded: the global view, transposes by shard_map
             self.ops, self.comm = fft.global_ops(plan, self.mesh), None
-        else:
-            self.ops, self.comm = fft.global_ops(plan), None
+
+    def layout(self, layout: Layout | None) -> mapping.Layout:
+        """The mapping's layout of a :class:`Layout` (``None``: replicated)."""
+        if layout is None:
+            return mapping.REPLICATED
+        return mapping.pencils(self.plan, layout.fourier, layout.nlead)
+
+    def _layouts(self, layouts):
+        if layouts is None or isinstance(layouts, Layout):
+            return self.layout(layouts)
+        return tuple(self._layouts(ls) for ls in layouts)
 
     # -- placement ------------------------------------------------------------------------------
-    def _sharding(self, layout: Layout | None):
-        if layout is None:
-            return blocks.sharding(self.mesh)
-        return blocks.sharding(self.mesh, *self.plan.spec(layout.fourier, layout.nlead))
-
     def place(self, x: np.ndarray, layout: Layout):
         """A global host array ``(*lead, *shape)`` (or the Fourier shape) -> the devices.
 
@@ -135,21 +133,12 @@ class SpectralEngine:
           ``pmap``: stacked blocks ``(n_dev, *lead, *block)``; else a global ``jax.Array``
           (``NamedSharding`` in the layout for ``shard_map``/``sharded``).
         """
-        x = np.asarray(x)
-        if self.engine == "pmap":
-            return blocks.put_blocks(fft.split_blocks(x, self.plan, layout.fourier), self.devices)
-        if self.engine == "single":
-            return jax.device_put(x, self.devices[0])
-        return blocks.put_global(x, self._sharding(layout))
+        return self.mapping.place(np.asarray(x), self.layout(layout))
 
     def gather(self, x, layout: Layout | None) -> np.ndarray:
         """The whole value of a placed array or mapped result as NumPy (a collective in
         multi-process runs). ``None``: a replicated result (one copy)."""
-        if layout is None:
-            return np.asarray(blocks.to_host(x))
-        if self.engine == "pmap":
-            return fft.join_blocks(blocks.gather_blocks(x), self.plan, layout.fourier)
-        return blocks.to_host(x)
+        return np.asarray(self.mapping.gather(x, self.layout(layout)))
 
     # -- mapped programs --------------------------------------------------------------------------
     def map(
@@ -172,36 +161,8 @@ class SpectralEngine:
         Returns:
           A function of the placed arguments (``place``; replicated ones as arrays).
         """
-        in_layouts = tuple(in_layouts)
-        donate_argnums = (0,) if donate else ()
-        if self.engine == "pmap":
-            axes = lambda ls: None if ls is None else 0  # noqa: E731
-            out_axes = _each(out_layouts, axes)
-            return blocks.pmap(
-                fn,
-                self.devices,
-                in_axes=tuple(axes(ls) for ls in in_layouts),
-                out_axes=out_axes,
-                donate=donate,
-                axis_name=PMAP_AXIS,
-            )
-        if self.engine == "shard_map":
-
-            def spec(ls):
-                if ls is None:
-                    return blocks.sharding(self.mesh).spec
-                return self.plan.spec(ls.fourier, ls.nlead)
-
-            out_specs = _each(out_layouts, spec)
-            # reduced (replicated) values meet per-block ones: the varying-axes check is off
-            mapped = blocks.shard_map(
-                fn, self.mesh, tuple(spec(ls) for ls in in_layouts), out_specs, check_vma=False
-            )
-            return jax.jit(mapped, donate_argnums=donate_argnums)
-        if self.engine == "sharded":
-            out_shardings = _each(out_layouts, self._sharding)
-            return jax.jit(fn, out_shardings=out_shardings, donate_argnums=donate_argnums)
-        return jax.jit(fn, donate_argnums=donate_argnums)
+        ins = tuple(self.layout(ls) for ls in in_layouts)
+        return self.mapping.map(fn, ins, self._layouts(out_layouts), donate=donate)
 
 
 __all__ = ["FOURIER", "REAL", "Layout", "SpectralEngine"]

@@ -46,9 +46,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar.errors import ConfigError
-from simpar.parallel.capacity import NEED_COL, NEED_NBR
 from simpar.parallel.distributed import to_host
 from simpar.particles import md, neighbors
+from simpar.particles.domain_spec import NEED_COL, NEED_NBR
 from simpar.particles.neighbors import NeighborList, NeighborSpec
 
 _NONE = -1  # integer "None" for spec.cells

@@ -48,9 +48,9 @@ import numpy as np
 
 from simpar.parallel import capacity as caps
 from simpar.parallel import ghosts
-from simpar.parallel.capacity import DomainSpec
 from simpar.parallel.topology import DeviceGrid
-from simpar.particles import error_codes, neighbors, observables
+from simpar.particles import domain_spec, error_codes, neighbors, observables
+from simpar.particles.domain_spec import DomainSpec
 from simpar.particles.forces import pair_forces
 from simpar.particles.neighbors import NeighborSpec
 from simpar.particles.space import Space, volume
@@ -169,11 +169,11 @@ def empty_lists(spec: DomainSpec, dtype) -> DomainLists:
 def _error_bits(spec: DomainSpec, needed):
     """int32[] ``error_codes`` bits of the capacities ``needed`` (all devices) exceeds."""
     bits = np.zeros(len(spec.capacities()), np.int32)
-    bits[caps.NEED_OWNED] = error_codes.OWNED
-    bits[caps.NEED_MIGRATE] = error_codes.MIGRATE
-    bits[caps.NEED_SEND : caps.NEED_NBR] = error_codes.GHOSTS
-    bits[caps.NEED_NBR] = error_codes.NEIGHBORS
-    bits[caps.NEED_COL] = error_codes.CELLS
+    bits[domain_spec.NEED_OWNED] = error_codes.OWNED
+    bits[domain_spec.NEED_MIGRATE] = error_codes.MIGRATE
+    bits[domain_spec.NEED_SEND : domain_spec.NEED_NBR] = error_codes.GHOSTS
+    bits[domain_spec.NEED_NBR] = error_codes.NEIGHBORS
+    bits[domain_spec.NEED_COL] = error_codes.CELLS
     return error_codes.overflow(needed, spec.capacities(), bits)
 
 

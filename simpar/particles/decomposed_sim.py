@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar.errors import ConfigError, SimulationError
-from simpar.parallel import blocks
-from simpar.parallel.capacity import DomainSpec, check_mesh, grow, guess, round8
-from simpar.parallel.domain import _Mapper
+from simpar.parallel import blocks, mapping
+from simpar.parallel.capacity import check_mesh
 from simpar.parallel.ghosts import collect, distribute
+from simpar.parallel.mapping import REPLICATED, SLOTS, Mapping
 from simpar.parallel.topology import DeviceGrid
 from simpar.particles import error_codes, md
 from simpar.particles.decomposed import (
@@ -31,6 +31,7 @@ from simpar.particles.decomposed import (
     make_spec,
     thermo_block,
 )
+from simpar.particles.domain_spec import DomainSpec, grow, guess, round8
 from simpar.particles.potentials import PairPotential
 from simpar.particles.space import Space, wrap
 from simpar.particles.step import Regrowing
@@ -60,7 +61,7 @@ class DomainSimulation(Regrowing):
     pot: PairPotential
     params: md.MDParams
     spec: DomainSpec
-    mapper: _Mapper
+    mapper: Mapping
     state: DomainState = None
     lists: DomainLists = None
     capacity_factor: float = 1.2
@@ -87,17 +88,28 @@ class DomainSimulation(Regrowing):
                 def fn(s, nb, sp, pot, par, n, init):
                     return chunk_block(ens, spec, comm, sp, pot, par, s, nb, n, init, policy)
 
-                self._fns[k] = m.map(fn, 2, 5)
+                self._fns[k] = m.map(fn, (SLOTS,) * 2 + (REPLICATED,) * 5, SLOTS)
             elif name == "thermo":
-                self._fns[k] = m.map(lambda s, sp: thermo_block(comm, sp, s), 1, 1)
+                self._fns[k] = m.map(
+                    lambda s, sp: thermo_block(comm, sp, s), (SLOTS, REPLICATED), SLOTS
+                )
         return self._fns[k]
+
+    def _put(self, tree):
+        """Host arrays ``(n_dev, ...)`` -> the devices, one entry per device (each process
+        places only its own devices' entries)."""
+        return jax.tree.map(lambda x: self.mapper.place(x, SLOTS), tree)
+
+    def _get(self, tree):
+        """Host arrays ``(n_dev, ...)`` on every process (a collective across processes)."""
+        return jax.tree.map(lambda x: self.mapper.gather(x, SLOTS), tree)
 
     def _first(self, x):
         """The value of a leaf replicated over the devices (error bits, needs, build count,
         step, thermo: reduced over all devices), read from this process's first device: no
         gather across processes (a synchronisation per call) on the chunk loop's path."""
         shards = getattr(x, "addressable_shards", None)
-        local = shards[0].data if shards else self.mapper.get(x)
+        local = shards[0].data if shards else self._get(x)
         return np.asarray(local).reshape((-1,) + np.shape(x)[1:])[0]
 
     # layout -------------------------------------------------------------------------------
@@ -109,7 +121,7 @@ class DomainSimulation(Regrowing):
         Raises:
           SimulationError: the ids are not exactly ``0 .. N - 1`` ("lost atoms").
         """
-        return collect(self.mapper.get(self.state if state is None else state),
+        return collect(self._get(self.state if state is None else state),
                        self.spec.n_atoms)  # fmt: skip
 
     def _launch(self, g: dict, n_steps: int):
@@ -121,8 +133,8 @@ class DomainSimulation(Regrowing):
                 break
             self._resize({"capacity": round8(self.capacity_factor * most)})
             self.regrows += 1
-        state = self.mapper.put(DomainState(**host))
-        lists = self.mapper.put(empty_lists(self.spec, host["position"].dtype))
+        state = self._put(DomainState(**host))
+        lists = self._put(empty_lists(self.spec, host["position"].dtype))
         return self._fn("chunk")(state, lists, self.space, self.pot, self.params,
                                  jnp.int32(n_steps), True)  # fmt: skip
 
@@ -227,7 +239,7 @@ class DomainSimulation(Regrowing):
 
     def counts(self) -> np.ndarray:
         """Owned atoms per device (host)."""
-        return (np.asarray(self.mapper.get(self.state.ids)) >= 0).sum(axis=1)
+        return (np.asarray(self._get(self.state.ids)) >= 0).sum(axis=1)
 
 
 def make_domain_simulation(
@@ -288,7 +300,7 @@ def make_domain_simulation(
     grid = DeviceGrid(mesh, (True,) * len(mesh))
     devices = list(devices) if devices is not None else jax.devices()
     blocks.require_devices(mesh, len(devices))  # the one "needs N devices" check
-    if engine == "local" and grid.size != 1:
+    if mapping.kind(engine).one_device and grid.size != 1:
         raise ConfigError("--mesh", f"the local engine runs on one device, got mesh {mesh}")
     position = jnp.asarray(position)
     dtype = position.dtype
@@ -316,7 +328,7 @@ def make_domain_simulation(
         caps["max_neighbors"] = int(max_neighbors)
     caps.update(capacities or {})
     spec = make_spec(grid, box, n, cutoff=float(pot.cutoff), skin=skin, **caps)
-    mapper = _Mapper(engine, grid, devices[: grid.size])
+    mapper = Mapping(engine, grid, devices[: grid.size])
     sim = DomainSimulation(engine, ensemble, space, pot, md.make_params(dt, kt, gamma, dtype),
                            spec, mapper, capacity_factor=capacity_factor, every=every,
                            check=check)  # fmt: skip

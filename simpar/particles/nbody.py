@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar import precision
+from simpar.parallel.mapping import kind
 from simpar.parallel.ring import RingEngine, RingKernels, check_layout, make_ring_engine
 
 Array = jax.Array
@@ -425,7 +426,7 @@ def default_target_block(engine: str) -> int | None:
     (cache-sized pair arrays, ~3x faster), whole blocks elsewhere (GPUs want one big
     parallel kernel). The ``sharded`` engine keeps the untiled kernel so that XLA can
     partition it (a sequential loop over a sharded axis would not be)."""
-    if engine == "sharded" or jax.default_backend() != "cpu":
+    if kind(engine).partitioned or jax.default_backend() != "cpu":
         return None
     return 64
 
