@@ -38,6 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from simpar.parallel.ghosts import distribute
+from simpar.parallel import mapping
+from simpar.parallel.mapping import SLOTS
 from simpar.particles import decomposed, error_codes, md, neighbors, observables
 from simpar.particles.decomposed import DomainState
 from simpar.particles.decomposed_sim import make_domain_simulation
@@ -201,7 +203,8 @@ def _domain_run(sim, ensemble, n_steps, checkpoint, key):
     into those slots, and atoms outside their sub-box migrate at the first step."""
     spec, mapper = sim.spec, sim.mapper
     n_dev = spec.grid.size
-    program = mapper.map(_domain_block(ensemble, spec, mapper.comm, n_steps, checkpoint), 5, 0)
+    program = mapper.map(_domain_block(ensemble, spec, mapper.comm, n_steps, checkpoint),
+                         (SLOTS,) * 5, SLOTS)
     lists0 = decomposed.empty_lists(spec, np.float64)
 
     def run(space: Space, pot, position, velocity, params, layout) -> Trajectory:
@@ -270,7 +273,7 @@ def rollout(engine: str, space: Space, pot, position, velocity, *, n_steps: int,
               capacity_factor=capacity_factor)  # fmt: skip
     params0 = md.make_params(dt, kt, gamma, dtype=dtype)
     cutoff = float(pot.cutoff)  # the lists' radius is cutoff + skin from here on
-    if engine == "single":
+    if mapping.kind(engine).one_device:
         sim = md.make_simulation(space, pot, position, velocity, **kw)
         sim.advance(n_steps)  # sizing: the list's capacities grow until nothing overflows
         spec = sim.spec
