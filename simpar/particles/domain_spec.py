@@ -169,6 +169,13 @@ def guess(grid: DeviceGrid, box, position, radius: float, skin: float, factor: f
     }
 
 
+def grown(have: int, need: int, factor: float) -> int:
+    """One capacity regrown for ``need``: ``factor * need`` and at least 1.5 times ``have``,
+    rounded up to a multiple of 8 (every regrow recompiles, so few large steps beat many
+    small ones). Shared by decomposed MD (:func:`grow`) and PM (``pm_sim``)."""
+    return max(round8(factor * int(need)), round8(1.5 * int(have)))
+
+
 def grow(spec: DomainSpec, needed, factor: float) -> dict:
     """Capacities with room for ``factor`` times ``needed`` (never smaller than now).
 
@@ -182,8 +189,7 @@ def grow(spec: DomainSpec, needed, factor: float) -> dict:
     sends = slice(NEED_SEND, NEED_NBR)
     if over[sends].any():
         over[sends] = need[sends] > 0.8 * have[sends]
-    new = [max(round8(factor * int(x)), round8(1.5 * int(h))) if o else int(h)
-           for h, x, o in zip(have, need, over, strict=True)]  # fmt: skip
+    new = [grown(h, x, factor) if o else int(h) for h, x, o in zip(have, need, over, strict=True)]
     return {
         "capacity": new[NEED_OWNED],
         "migrate": new[NEED_MIGRATE],

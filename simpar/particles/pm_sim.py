@@ -15,13 +15,13 @@ one started with the larger buffers bit for bit.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import jax.numpy as jnp
 import numpy as np
 
 from simpar.particles import error_codes, pm
+from simpar.particles.domain_spec import grown
 from simpar.particles.step import Regrowing
 
 # the MD wording names neighbour settings; PM's are pm.capacity / pm.migrate
@@ -51,13 +51,6 @@ def programs(eng, dtype) -> tuple:
         # so a program is never traced again for another layout
         _COMPILED[key] = (*pm.make_program(eng), pm.make_observe(eng))
     return _COMPILED[key]
-
-
-def grown(have: int, need: int, factor: float) -> int:
-    """A capacity regrown for ``need``: ``factor * need`` and at least 1.5 times ``have``,
-    rounded up to a multiple of 8 (as ``DomainSpec`` capacities grow: every regrow
-    recompiles, so few large steps beat many small ones)."""
-    return max(int(-(-math.ceil(factor * need) // 8) * 8), int(-(-math.ceil(1.5 * have) // 8) * 8))
 
 
 class PMSimulation(Regrowing):
