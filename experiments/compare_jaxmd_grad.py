@@ -136,7 +136,8 @@ def main(argv=None):
            "max_rel_diff_vs_jaxmd": {}}  # fmt: skip
     out["max_rel_diff_vs_jaxmd"]["single"] = rel(jax.jit(lambda: terms(single_energy))())
     out["max_rel_diff_vs_jaxmd"]["jaxmd_lennard_jones_pair_smooth"] = rel(
-        jax.jit(lambda: terms(jmd_smooth_fn))())
+        jax.jit(lambda: terms(jmd_smooth_fn))()
+    )
     # simpar decomposed: the pure run with no steps, ghosts exchanged on the devices
     for engine in args.engines:
         for mesh in args.meshes:
@@ -146,7 +147,8 @@ def main(argv=None):
                 return run(with_theta(th), x, v).e_pair
 
             out["max_rel_diff_vs_jaxmd"][f"{engine}_{'x'.join(map(str, mesh))}"] = rel(
-                jax.jit(lambda f=dom_energy: terms(f))())
+                jax.jit(lambda f=dom_energy: terms(f))()
+            )
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(out), flush=True)
     return 0
