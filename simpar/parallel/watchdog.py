@@ -27,6 +27,20 @@ collective nor JAX's shutdown barrier is waited for. A process that finished its
 (exit 1) when one of them publishes a failure: it would otherwise wait for it in JAX's
 shutdown barrier.
 
+A watchdog that stops its process publishes why under ``simpar/left/<i>`` first. A process
+that was stopped (SIGSTOP, Ctrl-Z, a debugger: its thread saw more than ``PAUSE_S`` seconds
+pass over one wait) does not count that time against its peers' heartbeats, and when a peer
+left meanwhile it exits 1 at once with one line naming its stop and the peer's reason
+(process 0 sets ``run_status`` to it). Before, it was aborted with a C++ trace the moment it
+was continued: the coordination service had judged it dead after its heartbeat timeout and
+JAX's error polling (``CoordinationServiceAgent::SetError`` -> the client's
+``missed_heartbeat_callback``, ``LOG(FATAL)`` in ``client.h``) printed at once on SIGCONT,
+before any Python thread ran, and the process died by SIGABRT 0.17-0.44 s later. Now the
+service (``simpar.parallel.coordinator``) never judges heartbeats and serves the processes
+still connected after process 0 left. The limit: where JAX runs the service itself (inside
+process 0, where ``simpar.parallel.distributed`` cannot hand it the helper: JAX's internals
+changed), a stop longer than ``distributed.HEARTBEAT_S`` still ends in that abort.
+
 A failing process itself leaves through :func:`exit_now` (an ``atexit`` hook that runs before
 JAX's own): its message is printed by the command line, and then it exits with its code
 without waiting for peers that are no longer there.
@@ -170,10 +184,7 @@ def _key(entries: dict, name: str, j: int):
 
 
 def _was_stopped(seconds: float) -> str:
-    return (
-        f"process {_S.me} was stopped for {seconds:.0f} s (SIGSTOP, Ctrl-Z or a suspended "
-        "job?)"
-    )
+    return f"process {_S.me} was stopped for {seconds:.0f} s (SIGSTOP, Ctrl-Z or a suspended job?)"
 
 
 def _judge(entries: dict, seen: dict, now: float, start: float, paused: float = 0.0) -> None:
