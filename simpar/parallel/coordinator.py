@@ -24,6 +24,8 @@ C++ trace) and cannot be intercepted from Python; a process that was stopped (SI
 Ctrl-Z) while its peers ended the run met it the moment it was continued. With the service
 silent, and the helper kept while such a process is still connected, that process instead
 reads on its continuation why the others left (``simpar/left/<j>``) and exits 1 with one line.
+That holds for stops up to about 60 s: the service's gRPC transport then drops the stopped
+process's connection, and its continuation aborts in JAX as before (``watchdog``).
 """
 
 from __future__ import annotations
