@@ -54,15 +54,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_pair(args, env_of=({}, {}), timeout=240, term=None, delay=1.0, args_of=None):
+def _run_pair(
+    args, env_of=({}, {}), timeout=240, term=None, delay=1.0, args_of=None, stop=None, stop_s=0.0
+):
     """``simpar run ARGS`` as processes 0 and 1 (``env_of[i]``: extra environment of i;
     every ``ARGS`` has ``--out`` in the test's ``tmp_path``, where the stderr logs go;
     ``args_of[i]``: the arguments of i instead of ``args``; ``term``: SIGTERM to this process,
-    or ``"both"``, ``delay`` seconds after the run's checkpoint appeared).
+    or ``"both"``, ``delay`` seconds after the run's checkpoint appeared; ``stop``: SIGSTOP to
+    this process then, and SIGCONT ``stop_s`` seconds after the stop once the other exited).
 
     Returns:
       ``(results, ends, sent)``: a CompletedProcess per process, the monotonic time (s) at
-      which each was seen to exit (polled every 50 ms) and when SIGTERM was sent (or None).
+      which each was seen to exit (polled every 50 ms) and when SIGTERM (SIGSTOP) was sent
+      (or None).
     """
     port = _free_port()
     args_of = args_of or (args, args)
@@ -80,7 +84,15 @@ def _run_pair(args, env_of=({}, {}), timeout=240, term=None, delay=1.0, args_of=
     ends, sent = [None, None], None
     deadline = time.monotonic() + timeout
     ckpt = Path(f"{args[-1]}.ckpt")
+    stopped = None
     while None in ends and time.monotonic() < deadline:
+        if stop is not None and stopped is None and ckpt.exists():
+            time.sleep(delay)
+            procs[stop].send_signal(signal.SIGSTOP)
+            stopped = sent = time.monotonic()
+        if stopped and ends[1 - stop] is not None and time.monotonic() - stopped > stop_s:
+            procs[stop].send_signal(signal.SIGCONT)
+            stopped = False
         if term is not None and ckpt.exists():
             time.sleep(delay)
             sent = time.monotonic()
@@ -244,6 +256,23 @@ def test_sigterm_to_one_process_stops_both_together(tmp_path, model, which):
     results, ends, sent = _run_pair(args, term=which, delay=4.0)
     _assert_terminated_together(results, ends, sent, out)
     _resume(args, out, resumed_from=0)
+
+
+def test_process_continued_after_sigstop_exits_1_with_one_line(tmp_path):
+    """Process 0 (the writer) is SIGSTOPped (Ctrl-Z, a debugger) for 28 s: process 1 exits 1
+    after ~10 s naming it; continued, process 0 exits 1 at once with one line naming its
+    stop and process 1's reason, and sets ``run_status`` to it. Before (main at 316632c):
+    continued later than the service's heartbeat timeout (25 s), the stopped process died by
+    SIGABRT with a C++ trace (``Polled an error from coordination service``), either role."""
+    out = tmp_path / "run.nc"
+    args = (*HEAT, "--steps", "400000", "--out", str(out))  # the last --steps counts
+    (p0, p1), (end0, end1), stopped = _run_pair(args, timeout=120, stop=0, stop_s=28.0)
+    _assert_clean_exit(p1, 0, "stopped responding")
+    assert end1 - stopped < LIMIT_S
+    _assert_clean_exit(p0, 1, "process 0 was stopped for")
+    assert end0 - stopped < 28.0 + 5.0, end0 - stopped
+    assert "Check failure" not in p0.stderr and "coordination_service" not in p0.stderr
+    assert _status(out).startswith("failed: process 0 was stopped for")
 
 
 @pytest.mark.parametrize(

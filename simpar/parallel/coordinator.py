@@ -16,6 +16,16 @@ ends it at once; end-of-file without ``bye`` (process 0 died or failed) ends it 
 process is connected to its port any more (the survivors have left; read from
 ``/proc/net/tcp``), or ``LINGER_S`` seconds later at most. It ignores SIGINT (process 0
 decides what a Ctrl-C means) and lives in its own session; SIGTERM ends it.
+
+The service itself never declares a process dead (its heartbeat timeout is
+``SERVICE_HEARTBEAT_S``, not JAX's): the watchdogs judge the peers. A verdict of the service
+reaches every process still connected through JAX's error polling, which aborts it (SIGABRT,
+C++ trace) and cannot be intercepted from Python; a process that was stopped (SIGSTOP,
+Ctrl-Z) while its peers ended the run met it the moment it was continued. With the service
+silent, and the helper kept while such a process is still connected, that process instead
+reads on its continuation why the others left (``simpar/left/<j>``) and exits 1 with one line.
+That holds for stops up to about 60 s: the service's gRPC transport then drops the stopped
+process's connection, and its continuation aborts in JAX as before (``watchdog``).
 """
 
 from __future__ import annotations
@@ -28,7 +38,9 @@ import threading
 import time
 from pathlib import Path
 
-LINGER_S = 25.0  # the helper outlives a process 0 that died by this much (s)
+LINGER_S = 86400.0  # after process 0 is gone, the helper serves the processes still
+# connected (a stopped one, continued later, reads why the run ended) for this long at most (s)
+SERVICE_HEARTBEAT_S = 30 * 86400  # the service's heartbeat timeout (s): in effect never
 START_S = 60.0  # the helper must listen within this time (s)
 
 
@@ -38,7 +50,8 @@ class ServiceProcess:
     Args:
       address: the address to listen on (``[::]:PORT``), from JAX.
       num_nodes: the number of processes.
-      heartbeat_timeout, shutdown_timeout: JAX's timeouts (s); ``None``: JAX's defaults.
+      heartbeat_timeout: JAX's heartbeat timeout (s), not used: ``SERVICE_HEARTBEAT_S``.
+      shutdown_timeout: JAX's shutdown timeout (s); ``None``: JAX's default.
       **_: further service options of JAX (``recoverable``, ...), not used.
 
     Raises:
@@ -53,7 +66,7 @@ class ServiceProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         cmd = [
             sys.executable, "-m", "simpar.parallel.coordinator", str(address), str(num_nodes),
-            str(heartbeat_timeout or 100), str(shutdown_timeout or 300),
+            str(SERVICE_HEARTBEAT_S), str(shutdown_timeout or 300),
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd,

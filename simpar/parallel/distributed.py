@@ -150,8 +150,9 @@ def initialize(
                 coordinator_address=coordinator,
                 num_processes=num_processes,
                 process_id=process_id,
-                # the backstop after the watchdog (which acts after PEER_TIMEOUT_S): JAX's own
-                # verdict on a dead peer aborts with a C++ stack trace
+                # the client's; simpar's service helper does not judge heartbeats (a process
+                # continued after SIGSTOP was aborted by that verdict: watchdog); JAX's own
+                # service, where it runs, aborts the others with a C++ trace after this
                 heartbeat_timeout_seconds=HEARTBEAT_S,
             )
     except (ValueError, RuntimeError) as err:
