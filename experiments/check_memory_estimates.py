@@ -3,7 +3,7 @@
 Each case runs ``simpar run EXPERIMENT --set ... --steps S`` in a fresh process with
 ``SIMPAR_MEMORY_REPORT=1`` (``simpar.memory.REPORT_ENV``): the driver prints the peak its
 estimate implies (resident memory at the check plus the estimated bytes) before allocating,
-and the run's summary gives the measured peak (``peak_memory_mib``, ``ru_maxrss``). Cases: every
+and the run's summary gives the measured peak (``peak_memory_mib``, the process's own VmHWM). Cases: every
 shipped experiment (``experiments/*.toml``) and four scaled-up sizes per model family.
 Runs are serial (a peak measured beside other runs is still the process's own, but the
 machine must have the memory), each with an empty compilation cache (compiling is part of

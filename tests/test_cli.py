@@ -160,13 +160,15 @@ def test_blow_up_exit_1_with_step_and_keeps_good_frames(tmp_path, capsys):
         "boundary.y='neumann'",
     )
     assert code == 1
-    assert "run failed at step 10" in err and "reduce time.dt" in err
+    # the first chunk is 1 step (every chunk is time-bounded from the first): the overflow
+    # of the first step is reported at step 1
+    assert "run failed at step 1:" in err and "reduce time.dt" in err
     ds = xr.open_dataset(out, engine="h5netcdf")
     assert ds.sizes["time"] == 1  # frame 0 kept, nothing non-finite written
     # one status format for every model: "failed: <reason>" (the reason names the step)
     status = ds.attrs["run_status"]
     assert status.startswith("failed: ") and "non-finite values" in status
-    assert status.endswith("after step 10")
+    assert status.endswith("after step 1")
 
 
 def test_info_lists_devices(capsys):

@@ -124,7 +124,7 @@ CHEAP = ["heat_ensemble 512^2", "taylor_green 512^2", "lj_melt"]
 @pytest.mark.slow
 def test_estimates_are_within_30_percent_of_the_measured_peaks():
     """Each case in a fresh ``simpar run``, one after the other (the peaks are the runs'
-    own ``ru_maxrss``)."""
+    own VmHWM, not ru_maxrss: that one keeps the test worker's size across exec)."""
     mod = _checker()
     cases = {name: (exp, sets, steps) for _, name, exp, sets, steps in mod.CASES}
     rows = {}

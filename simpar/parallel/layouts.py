@@ -85,6 +85,7 @@ def pencils(plan, fourier: bool, nlead: int | None = 0) -> Blocks:
 
 
 def norm(layout) -> Layout:
+    """``layout`` itself, or :data:`REPLICATED` for ``None``."""
     return REPLICATED if layout is None else layout
 
 
@@ -124,12 +125,15 @@ def slot_view(fn, in_layouts):
 
 
 def any_of(layouts, cls) -> bool:
+    """Whether a pytree of layouts holds at least one instance of the layout class ``cls``."""
     found = []
     each(layouts, lambda ls: found.append(isinstance(ls, cls)))
     return any(found)
 
 
-def particle_count(layout, v):
+def particle_count(layout, v) -> int | None:
+    """Number of particles (leading axis) of ``v`` under a :class:`Particles` layout, else
+    None."""
     return np.shape(v)[0] if isinstance(layout, Particles) else None
 
 
