@@ -205,22 +205,14 @@ def available_bytes() -> int | None:
 
 
 def peak_memory_mib() -> float:
-    """Peak resident memory of this process so far, in MiB: ``VmHWM`` of
-    ``/proc/self/status`` on Linux, else ``ru_maxrss``.
-
-    Linux's ``ru_maxrss`` survives ``execve``: a process started from a large parent (a test
-    worker, a notebook kernel) reports the parent's resident size at the fork as its own peak
-    (2074 MiB for a 14 MiB child of a process holding 2 GiB, measured here); ``VmHWM``
-    belongs to the process's own address space."""
+    """Peak resident memory of this process, in MiB: Linux's ``VmHWM`` (``ru_maxrss`` elsewhere:
+    on Linux it survives ``execve``, so a child of a large process reports the parent's size)."""
     try:
         with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 2**10, 1)  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)
+            return round(int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 2**10, 1)
+    except (OSError, ValueError, IndexError, StopIteration):
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
 _LIBC: list = []  # the loaded C library with ``malloc_trim``, or None where there is none
