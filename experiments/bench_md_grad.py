@@ -26,7 +26,7 @@ import json
 import sys
 import time
 
-from simpar.benchmark import ScriptParser, int_in
+from simpar.benchmark import ScriptParser, int_in, mesh_arg
 
 
 def parse_args(argv=None):
@@ -37,14 +37,10 @@ def parse_args(argv=None):
     ap.add_argument("--plain-max", type=int_in(0), default=100,
                     help="largest --steps also compiled without remat (0: none)")  # fmt: skip
     ap.add_argument("--engine", choices=["single", "pmap", "shard_map"], default="single")
-    ap.add_argument("--mesh", default="2x4", help="decomposed engines: device grid, e.g. 2x4")
+    ap.add_argument("--mesh", type=mesh_arg, default="2x4", help="decomposed engines: device grid, e.g. 2x4")
     ap.add_argument("--devices", type=int_in(0, 4096), default=8, help="virtual CPU devices")
     ap.add_argument("--repeats", type=int_in(1, 100), default=2)
     args = ap.parse_args(argv)
-    try:
-        args.mesh = tuple(int(m) for m in args.mesh.lower().split("x"))
-    except ValueError:
-        ap.error(f"--mesh must look like 2x4 or 8, got {args.mesh!r}")
     if any(s % args.chunk for s in args.steps):
         ap.error(f"every --steps must be a multiple of --chunk {args.chunk}")
     return args

@@ -21,14 +21,14 @@ import json
 import sys
 import time
 
-from simpar.benchmark import ScriptParser, int_in
+from simpar.benchmark import ScriptParser, int_in, mesh_arg
 
 
 def parse_args(argv=None):
     ap = ScriptParser(prog="difftre_check.py", description=__doc__.split("\n")[0])
     ap.add_argument("--cells", type=int_in(3, 32), nargs=3, default=[5, 5, 5])
     ap.add_argument("--engine", choices=["pmap", "shard_map"], default="shard_map")
-    ap.add_argument("--mesh", default="2x2x2")
+    ap.add_argument("--mesh", type=mesh_arg, default="2x2x2")
     ap.add_argument("--devices", type=int_in(0, 4096), default=8)
     ap.add_argument("--equil", type=int_in(0), default=1000)
     ap.add_argument("--samples", type=int_in(20), default=400)
@@ -36,10 +36,6 @@ def parse_args(argv=None):
     ap.add_argument("--delta", type=float, default=0.05)
     ap.add_argument("--blocks", type=int_in(4, 100), default=10)
     args = ap.parse_args(argv)
-    try:
-        args.mesh = tuple(int(m) for m in args.mesh.lower().split("x"))
-    except ValueError:
-        ap.error(f"--mesh must look like 2x2x2, got {args.mesh!r}")
     if not 0 < args.delta < 0.5:
         ap.error(f"--delta must be in (0, 0.5), got {args.delta}")
     return args

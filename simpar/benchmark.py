@@ -42,6 +42,22 @@ def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def mesh_arg(text: str) -> tuple[int, ...]:
+    """An argparse ``type``: a device-grid shape ``8``, ``2x4`` or ``2x2x2``
+    (``simpar.parallel.topology.parse_mesh``, the command line's own rule).
+
+    Raises (from argparse's view):
+      argparse.ArgumentTypeError: not 1 to 3 positive integers joined by 'x'.
+    """
+    from simpar.errors import ConfigError
+    from simpar.parallel.topology import parse_mesh
+
+    try:
+        return parse_mesh(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(err.message) from None
+
+
 def best_time(fn: Callable[[], object], repeats: int = 3, warmup: bool = True) -> float:
     """Seconds of the fastest of ``repeats`` calls of ``fn`` (after one untimed call)."""
     import jax
