@@ -29,20 +29,12 @@ Run (2 CPU cores, loaded, defaults: about 2 min):
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import sys
 import time
 
-from simpar.benchmark import ScriptParser, int_in
-
-
-def _meshes(text):
-    try:
-        return [tuple(int(m) for m in part.lower().split("x")) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must look like 2x2x2,8, got {text!r}") from None
+from simpar.benchmark import ScriptParser, int_in, mesh_arg
 
 
 def parse_args(argv=None):
@@ -50,7 +42,7 @@ def parse_args(argv=None):
     ap.add_argument("--cells", type=int_in(3, 12), nargs=3, default=[5, 5, 5])
     ap.add_argument("--jitter", type=float, default=0.05)
     ap.add_argument("--engines", default="shard_map,pmap")
-    ap.add_argument("--meshes", type=_meshes, default=[(2, 2, 2), (8,)])
+    ap.add_argument("--meshes", type=mesh_arg, nargs="+", default=[(2, 2, 2), (8,)])
     ap.add_argument("--devices", type=int_in(0, 4096), default=8)
     args = ap.parse_args(argv)
     args.engines = args.engines.split(",")

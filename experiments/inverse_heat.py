@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simpar.benchmark import ScriptParser, int_in
+from simpar.benchmark import ScriptParser, int_in, mesh_arg
 from simpar.grid import heat
 from simpar.grid.boundary import Dirichlet, Neumann
 from simpar.grid.domain import Domain
@@ -172,11 +172,9 @@ MAX_DEVICES = 4096
 
 
 def _mesh(text):
-    try:
-        mesh = tuple(int(m) for m in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must look like 8 or 2x4, got {text!r}") from None
-    if not 1 <= len(mesh) <= 2 or min(mesh) < 1:
+    """``mesh_arg`` (the command line's rule), limited to the 2-D grid's 1 or 2 axes."""
+    mesh = mesh_arg(text)
+    if len(mesh) > 2:
         raise argparse.ArgumentTypeError(f"must be 1 or 2 positive sizes (AxB), got {text!r}")
     return mesh
 

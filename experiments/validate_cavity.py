@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from simpar.benchmark import mesh_arg
+
 HERE = Path(__file__).resolve().parent
 CONFIGS = {100: HERE / "cavity_re100.toml", 1000: HERE / "cavity_re1000.toml"}
 
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--re", type=int, nargs="+", default=[100], choices=sorted(CONFIGS))
     p.add_argument("--engine", default="single")
-    p.add_argument("--mesh", default=None, help="device grid, e.g. 2x4")
+    p.add_argument("--mesh", type=mesh_arg, default=None, help="device grid, e.g. 2x4")
     p.add_argument("--devices", type=int, default=None, help="number of virtual CPU devices")
     p.add_argument("--halo", type=int, default=None, help="default: the config's parallel.halo")
     p.add_argument("--set", action="append", default=[], help="config override key.sub=value")
@@ -145,8 +147,6 @@ def main(argv=None) -> int:
     jax.config.update("jax_enable_x64", True)  # honour grid.dtype = "float64"
     if args.devices:
         jax.config.update("jax_num_cpu_devices", args.devices)
-    if args.mesh:
-        args.mesh = tuple(int(m) for m in args.mesh.lower().split("x"))
     for re in args.re:
         print(json.dumps(validate(re, args)), flush=True)
     return 0

@@ -39,6 +39,7 @@ jax.config.update("jax_enable_x64", True)
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
+from simpar.benchmark import mesh_arg  # noqa: E402
 from simpar.config import dumps  # noqa: E402
 from simpar.run import run_config  # noqa: E402
 
@@ -68,7 +69,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
             engine, mesh_s = case.split(":")
-            mesh = tuple(int(x) for x in mesh_s.split("x"))
+            mesh = mesh_arg(mesh_s)
             data = json.loads(json.dumps(base))
             cells = tuple(data["system"]["cells"])
             if cells not in refs:

@@ -40,6 +40,8 @@ import math
 import sys
 import time
 
+from simpar.benchmark import mesh_arg
+
 CASES = {
     # nu, drag, forcing amplitude, forcing wavenumber, dt, T
     "decaying": dict(nu=1e-3, drag=0.0, amp=0.0, k_f=4, dt=5e-3, t_end=2.0),
@@ -58,7 +60,9 @@ def _args(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="initial field seed (default 0)")
     ap.add_argument("--engine", default="single", help="single, pmap, shard_map or sharded")
     ap.add_argument("--devices", type=int, help="virtual CPU devices (before JAX starts)")
-    ap.add_argument("--mesh", default="1", help="device mesh, e.g. 8 or 2x4 (default 1)")
+    ap.add_argument(
+        "--mesh", type=mesh_arg, default=(1,), help="device mesh, e.g. 8 or 2x4 (default 1)"
+    )
     ap.add_argument("--no-refine", action="store_true", help="skip the dt / 2 self-checks")
     return ap.parse_args(argv)
 
@@ -161,7 +165,7 @@ def _rel(a, b):
 
 def main(argv=None) -> int:
     args = _args(argv)
-    mesh = tuple(int(m) for m in args.mesh.lower().split("x"))
+    mesh = args.mesh
     import jax
 
     if args.devices:
