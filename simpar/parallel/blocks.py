@@ -181,14 +181,16 @@ def put_blocks(blocks, devices):
 
     In a multi-process run each process places only the blocks of its own devices (every
     process passes the whole host array; the others' blocks are dropped here). An identity
-    ``pmap`` does the placement (``device_put_sharded`` is deprecated).
+    ``pmap`` does the placement (``device_put_sharded`` is deprecated), over the axis name of
+    :func:`pmap`: the arrays' mesh then equals that of a program's results, and a program
+    called first on placed blocks and then on its own results compiles once.
     """
     devices = list(devices)
     blocks = np.asarray(blocks)
     mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
     if len(mine) < len(devices):
         blocks = blocks[mine]
-    return jax.pmap(lambda x: x, devices=devices)(blocks)
+    return jax.pmap(lambda x: x, axis_name=PMAP_AXIS, devices=devices)(blocks)
 
 
 def put_global(x, where: NamedSharding):

@@ -433,7 +433,12 @@ class Mapping:
             # values in lax.cond / while_loop carries; they are equal on every device by design
             return blocks.shard_map(fn, self.mesh, ins, outs_spec, check_vma=False)(*args)
 
-        return jax.jit(run, donate_argnums=donate_argnums)
+        kw = {}
+        if not callable(out_layouts) or isinstance(out_layouts, Layout):
+            # results' shardings fixed up front: XLA gives a zero-size result (an empty send
+            # list) a replicated sharding, and feeding it back would compile the program again
+            kw["out_shardings"] = each(out_layouts, lambda l_: self.sharding(l_, None))
+        return jax.jit(run, donate_argnums=donate_argnums, **kw)
 
     def _block_avals(self, outs):
         """Abstract results of one block (members: without the member axis)."""
