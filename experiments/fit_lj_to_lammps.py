@@ -20,6 +20,7 @@ Run times on 2 cores (float64, 8 virtual CPU devices, the 2-core box shared with
 load average 6-16; docs/benchmarks.md "Fitting LJ to LAMMPS"):
     python experiments/fit_lj_to_lammps.py --quick          # shard_map 2x2x2: 233 s
     python experiments/fit_lj_to_lammps.py --quick --engine single                # 165 s
+    python experiments/fit_lj_to_lammps.py --quick --engine pmap   # 2x2x2: 333 s (= shard_map's fit)
     python experiments/fit_lj_to_lammps.py                  # full, shard_map 2x2x2: 274 s
 (fitted epsilon 0.9980 / 0.9973 / 0.9979, sigma 0.99997 / 0.99985 / 1.00035; on 1 device use
 --engine single --devices 1).
