@@ -48,8 +48,7 @@ def main(argv=None):
     jax = start_jax(args.devices)
     import numpy as np
 
-    from simpar.particles import potentials, reweight
-    from simpar.particles.decomposed_sim import make_domain_simulation
+    from simpar.particles import fitting, potentials, reweight
     from simpar.particles.differentiable import lj_start
 
     kt = 1.44
@@ -60,11 +59,10 @@ def main(argv=None):
 
     def run(eps):
         pot = potentials.lennard_jones(epsilon=eps, cutoff=2.5)
-        sim = make_domain_simulation(args.engine, args.mesh, spc, pot, r, v, dt=0.005,
-                                     ensemble="langevin", kt=kt, gamma=1.0,
-                                     key=jax.random.PRNGKey(7))  # fmt: skip
-        sim.advance(args.equil)
-        pos = reweight.sample(sim, args.samples, args.every)
+        pos, _ = fitting.langevin_samples(args.engine, spc, pot, r, v, n_samples=args.samples,
+                                          every=args.every, equil=args.equil, kt=kt,
+                                          gamma=1.0, dt=0.005, key=jax.random.PRNGKey(7),
+                                          mesh=args.mesh)  # fmt: skip
         return pot, pos, reweight.pair_terms(spc, pot, pos)
 
     def obs(t):
@@ -83,8 +81,7 @@ def main(argv=None):
     for sign in (+1, -1):
         _, _, t = run(1.0 + sign * args.delta)
         ob = obs(t)
-        means[sign] = {k: (x.mean(), reweight._blocked(x, args.blocks).std(ddof=1)
-                           / np.sqrt(args.blocks)) for k, x in ob.items()}  # fmt: skip
+        means[sign] = {k: reweight.mean_se(x, args.blocks) for k, x in ob.items()}
     out = {"engine": args.engine, "mesh": list(args.mesh), "atoms": n, "samples": args.samples,
            "every": args.every, "equil": args.equil, "delta": args.delta}
     for k in o:

@@ -1,8 +1,8 @@
 """The research scripts are as safe as the command line (issue 17 item 5).
 
-``experiments/train_surrogate.py`` and ``experiments/inverse_heat.py`` refuse every bad
-argument with exit code 2 and one line on stderr naming the option (no usage block, no
-traceback), before JAX compiles anything; ``--data PATH`` never replaces an existing file
+``experiments/train_surrogate.py``, ``experiments/inverse_heat.py`` and
+``experiments/fit_lj_to_lammps.py`` refuse every bad argument with exit code 2 and one line on
+stderr naming the option (no usage block, no traceback), before JAX compiles anything; ``--data PATH`` never replaces an existing file
 without ``--overwrite``.
 """
 
@@ -56,6 +56,15 @@ BAD = [
     ("inverse_heat.py", ["--memory", "--chunk", "0"], "--chunk"),
     ("inverse_heat.py", ["--memory", "--chunk", "30"], "multiple of --chunk 30"),
     ("inverse_heat.py", ["--memory", "--shape", "65536", "65536"], "GiB"),
+    ("fit_lj_to_lammps.py", ["--engine", "warp"], "--engine"),
+    ("fit_lj_to_lammps.py", ["--mesh", "2x"], "--mesh"),
+    ("fit_lj_to_lammps.py", ["--mesh", "4x4"], "--mesh 4x4 needs 16 devices"),
+    ("fit_lj_to_lammps.py", ["--engine", "single", "--mesh", "2x2x2"], "decomposed --engine"),
+    ("fit_lj_to_lammps.py", ["--start", "0.8"], "--start"),
+    ("fit_lj_to_lammps.py", ["--start", "nan", "1.0"], "--start"),
+    ("fit_lj_to_lammps.py", ["--start", "0.8", "2.0"], "--start"),
+    ("fit_lj_to_lammps.py", ["--seed", "-1"], "--seed"),
+    ("fit_lj_to_lammps.py", ["--devices", "-1"], "--devices"),
 ]
 
 

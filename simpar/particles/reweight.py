@@ -22,6 +22,7 @@ Contract:
     parameter derivative (pytree of float[S(, K)] or None), standard errors from ``blocks``
     block averages (the samples are correlated in time).
   * ``rdf(space, positions, bins, r_max) -> (r float[K], g float[S, K])``.
+  * ``mean_se(x, blocks) -> (mean, standard_error)`` of correlated samples (block averages).
 """
 
 from __future__ import annotations
@@ -96,6 +97,17 @@ def _blocked(x, blocks: int):
     x = np.asarray(x, np.float64)
     m = x.shape[0] // blocks
     return x[: m * blocks].reshape((blocks, m) + x.shape[1:]).mean(axis=1)
+
+
+def mean_se(x, blocks: int = 10):
+    """Mean of the leading axis of ``x`` (float[S] or float[S, K]) and its standard error
+    from ``blocks`` block averages (``std(ddof=1) / sqrt(blocks)``; samples correlated in time).
+
+    Returns:
+      (mean, standard_error): float[] or float[K] each.
+    """
+    x = np.asarray(x, np.float64)
+    return x.mean(0), _blocked(x, blocks).std(0, ddof=1) / np.sqrt(blocks)
 
 
 def estimate(obs, d_obs, d_energy, kt: float, blocks: int = 10):
