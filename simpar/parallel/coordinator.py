@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -101,9 +102,14 @@ def main(argv: list[str]) -> None:
     address, num_nodes, heartbeat, shutdown = argv
     from jax._src.lib import _jax
 
+    from simpar.parallel.relay import Relay
+
+    inner = _loopback_port()  # the service's own port; the run connects to the relay
     service = _jax.get_distributed_runtime_service(
-        address, int(num_nodes), heartbeat_timeout=int(heartbeat), shutdown_timeout=int(shutdown)
-    )
+        f"127.0.0.1:{inner}", int(num_nodes), heartbeat_timeout=int(heartbeat),
+        shutdown_timeout=int(shutdown),
+    )  # fmt: skip
+    Relay(address, ("127.0.0.1", inner))  # OSError (port taken): no "ready", the caller says so
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     said = sys.stdin.buffer.read()  # until process 0 closes its end (exit, crash or kill)
@@ -116,6 +122,13 @@ def main(argv: list[str]) -> None:
     while time.monotonic() < end and connections(port) != 0:
         time.sleep(0.5)
     os._exit(0)
+
+
+def _loopback_port() -> int:
+    """A free TCP port on 127.0.0.1 (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def connections(port: int) -> int | None:
