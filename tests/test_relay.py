@@ -1,0 +1,110 @@
+"""The coordination service's relay (``simpar.parallel.relay``): bytes pass unchanged, the
+service's HTTP/2 PINGs are answered by the relay, closes propagate, and jaxlib's client
+works through it (the SIGSTOP > 60 s case itself: tests/test_cluster_faults.py, slow)."""
+
+import socket
+import struct
+import time
+
+import pytest
+
+from simpar.parallel import relay
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return (
+        len(payload).to_bytes(3, "big") + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+    )
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+@pytest.fixture
+def pair():
+    """(client socket, the service's end of its relayed connection)."""
+    service = socket.socket()
+    service.bind(("127.0.0.1", 0))
+    service.listen(1)
+    front = socket.socket()
+    front.bind(("127.0.0.1", 0))
+    port = front.getsockname()[1]
+    front.close()
+    relay.Relay(f"127.0.0.1:{port}", service.getsockname())
+    client = socket.create_connection(("127.0.0.1", port))
+    client.settimeout(5)
+    up, _ = service.accept()
+    up.settimeout(5)
+    yield client, up
+    for s in (client, up, service):
+        s.close()
+
+
+def test_frames_pass_unchanged_and_service_pings_are_answered(pair):
+    client, up = pair
+    data = _frame(0x0, 0x1, 1, b"x" * 70000)  # DATA larger than one recv
+    settings = _frame(0x4, 0x0, 0, b"\x00\x03\x00\x00\x00\x64")
+    # the client's preface and frames arrive byte for byte, in order, split anywhere
+    sent = relay.PREFACE + settings + data
+    for k in range(0, len(sent), 7001):
+        client.sendall(sent[k : k + 7001])
+    assert _read(up, len(sent)) == sent
+    # the service's PING is answered to the service and never reaches the client
+    ping = _frame(relay.PING, 0x0, 0, b"12345678")
+    up.sendall(ping + settings)
+    assert _read(up, len(ping)) == _frame(relay.PING, relay.ACK, 0, b"12345678")
+    assert _read(client, len(settings)) == settings
+    # the client's own PING goes to the service, and the service's answer to the client
+    mine = _frame(relay.PING, 0x0, 0, b"abcdefgh")
+    client.sendall(mine)
+    assert _read(up, len(mine)) == mine
+    answer = relay.ack(mine)
+    up.sendall(answer)
+    assert _read(client, len(answer)) == answer == _frame(relay.PING, 1, 0, b"abcdefgh")
+
+
+def test_a_close_on_one_side_closes_the_other(pair):
+    client, up = pair
+    client.sendall(relay.PREFACE)
+    assert _read(up, len(relay.PREFACE)) == relay.PREFACE
+    client.close()
+    assert up.recv(1) == b""  # the service sees the client go, as without the relay
+
+
+def test_port_taken_raises():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        with pytest.raises(OSError):
+            relay.Relay(f"127.0.0.1:{taken.getsockname()[1]}", ("127.0.0.1", 1))
+
+
+def test_jaxlib_client_through_the_relay():
+    """jaxlib's own service and client (one process, the key-value store) through the relay
+    on ``[::]:PORT`` (the address JAX gives the service): a value set is read back."""
+    from jax._src.lib import _jax
+
+    inner, front = (socket.socket() for _ in range(2))
+    for s in (inner, front):
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in (inner, front)]
+    for s in (inner, front):
+        s.close()
+    service = _jax.get_distributed_runtime_service(f"127.0.0.1:{ports[0]}", 1)
+    relay.Relay(f"[::]:{ports[1]}", ("127.0.0.1", ports[0]))
+    client = _jax.get_distributed_runtime_client(f"127.0.0.1:{ports[1]}", 0, init_timeout=20)
+    client.connect()
+    client.key_value_set("simpar/test", "4.25")
+    assert client.blocking_key_value_get("simpar/test", 5000) == "4.25"
+    assert dict(client.key_value_dir_get("simpar/")) == {"simpar/test": "4.25"}
+    t0 = time.monotonic()
+    client.shutdown()
+    service.shutdown()
+    assert time.monotonic() - t0 < 10
