@@ -70,6 +70,18 @@ def test_frames_pass_unchanged_and_service_pings_are_answered(pair):
     assert _read(client, len(answer)) == answer == _frame(relay.PING, 1, 0, b"abcdefgh")
 
 
+def test_other_protocols_pass_unparsed(pair):
+    """A client that does not start with HTTP/2's preface (TLS): every byte passes both
+    ways, a PING-shaped frame included."""
+    client, up = pair
+    hello = b"\x16\x03\x01\x02\x00" + bytes(range(40))
+    client.sendall(hello)
+    assert _read(up, len(hello)) == hello
+    ping = _frame(relay.PING, 0x0, 0, b"12345678")
+    up.sendall(ping)
+    assert _read(client, len(ping)) == ping
+
+
 def test_a_close_on_one_side_closes_the_other(pair):
     client, up = pair
     client.sendall(relay.PREFACE)

@@ -93,15 +93,22 @@ class Relay:
 
 
 class Connection:
-    """One client's connection: two threads, client -> service and service -> client."""
+    """One client's connection: two threads, client -> service and service -> client.
+
+    The client's first bytes must be HTTP/2's preface (gRPC without TLS, as jaxlib's client
+    speaks); anything else (TLS) is passed on unparsed both ways, its pings included.
+    """
 
     def __init__(self, client: socket.socket, service: socket.socket) -> None:
         self.client, self.service = client, service
         self.to_service = threading.Lock()  # whole frames only: the client's and our ACKs
+        self.http2: bool | None = None  # whether the client spoke HTTP/2 (set by _up)
+        self.checked = threading.Event()
         for name, target in (("up", self._up), ("down", self._down)):
             threading.Thread(target=target, name=f"relay-{name}", daemon=True).start()
 
     def _close(self) -> None:
+        self.checked.set()
         for s in (self.client, self.service):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
@@ -115,24 +122,43 @@ class Connection:
     def _up(self) -> None:
         """Client -> service: the preface, then whole frames (our ACKs go in between)."""
         try:
-            frames = Frames(self.client, skip=len(PREFACE))
-            for data in frames:
-                self._send_up(data)
+            head = b""
+            while len(head) < len(PREFACE) and PREFACE.startswith(head):
+                data = self.client.recv(len(PREFACE) - len(head))
+                if not data:
+                    raise OSError("closed")
+                head += data
+            self.http2 = head == PREFACE
+            self._send_up(head)
+            self.checked.set()
+            reader = Frames(self.client, parse=self.http2)
+            while True:
+                self._send_up(b"".join(reader.read()))
         except OSError:
             pass
         self._close()
 
     def _down(self) -> None:
         """Service -> client: every frame but the service's PINGs, which are answered here."""
+        self.checked.wait()
         try:
-            for data in Frames(self.service):
-                if len(data) == HEADER + 8 and data[3] == PING and not data[4] & ACK:
-                    self._send_up(ack(data))
-                else:
-                    self.client.sendall(data)
+            reader = Frames(self.service, parse=bool(self.http2))
+            while True:
+                frames = reader.read()
+                pings = [f for f in frames if is_ping(f)]
+                if pings:
+                    self._send_up(b"".join(ack(f) for f in pings))
+                    frames = [f for f in frames if not is_ping(f)]
+                if frames:
+                    self.client.sendall(b"".join(frames))
         except OSError:
             pass
         self._close()
+
+
+def is_ping(frame: bytes) -> bool:
+    """Whether ``frame`` is an HTTP/2 PING that asks for an answer (no ACK flag)."""
+    return len(frame) == HEADER + 8 and frame[3] == PING and not frame[4] & ACK
 
 
 def ack(ping: bytes) -> bytes:
@@ -141,34 +167,36 @@ def ack(ping: bytes) -> bytes:
 
 
 class Frames:
-    """The HTTP/2 frames read from a socket, each as its bytes (header and payload).
+    """Read whole HTTP/2 frames from a socket.
 
     Args:
       sock: the socket to read.
-      skip: bytes passed on as they come before the first frame (the client's preface).
+      parse: False: pass the bytes on as they come (each read is one "frame").
     """
 
-    def __init__(self, sock: socket.socket, skip: int = 0) -> None:
-        self.sock, self.skip, self.buf = sock, skip, b""
+    def __init__(self, sock: socket.socket, parse: bool = True) -> None:
+        self.sock, self.parse, self.buf = sock, parse, bytearray()
 
-    def _fill(self) -> None:
-        data = self.sock.recv(CHUNK)
-        if not data:
-            raise OSError("closed")
-        self.buf += data
+    def read(self) -> list[bytes]:
+        """The next whole frames (at least one; each its header and payload), as they come.
 
-    def __iter__(self):
-        while self.skip:
-            while not self.buf:
-                self._fill()
-            head, self.buf = self.buf[: self.skip], self.buf[self.skip :]
-            self.skip -= len(head)
-            yield head
+        Raises:
+          OSError: the socket closed or failed.
+        """
         while True:
-            while len(self.buf) < HEADER:
-                self._fill()
-            size = HEADER + int.from_bytes(self.buf[:3], "big")
-            while len(self.buf) < size:
-                self._fill()
-            frame, self.buf = self.buf[:size], self.buf[size:]
-            yield frame
+            data = self.sock.recv(CHUNK)
+            if not data:
+                raise OSError("closed")
+            if not self.parse:
+                return [data]
+            self.buf += data
+            frames, at = [], 0
+            while len(self.buf) - at >= HEADER:
+                end = at + HEADER + int.from_bytes(self.buf[at : at + 3], "big")
+                if end > len(self.buf):
+                    break
+                frames.append(bytes(self.buf[at:end]))
+                at = end
+            del self.buf[:at]
+            if frames:
+                return frames
