@@ -145,7 +145,7 @@ class Connection:
             reader = Frames(self.service, parse=bool(self.http2))
             while True:
                 frames = reader.read()
-                pings = [f for f in frames if is_ping(f)]
+                pings = [f for f in frames if is_ping(f)] if self.http2 else []
                 if pings:
                     self._send_up(b"".join(ack(f) for f in pings))
                     frames = [f for f in frames if not is_ping(f)]
