@@ -2,9 +2,14 @@
 service's HTTP/2 PINGs are answered by the relay, closes propagate, and jaxlib's client
 works through it (the SIGSTOP > 60 s case itself: tests/test_cluster_faults.py, slow)."""
 
+import os
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +125,113 @@ def test_jaxlib_client_through_the_relay():
     client.shutdown()
     service.shutdown()
     assert time.monotonic() - t0 < 10
+
+
+def test_service_helper_serves_through_the_relay_and_cleans_up():
+    """``coordinator.ServiceProcess`` (process 0's helper): a jaxlib client on the run's
+    address sets and reads a key; ``shutdown`` ends the helper and removes its socket's
+    folder; a taken port is refused with a RuntimeError."""
+    from jax._src.lib import _jax
+
+    from simpar.parallel.coordinator import ServiceProcess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    helper = ServiceProcess(f"[::]:{port}", 1, shutdown_timeout=10)
+    fds = Path(f"/proc/{helper.proc.pid}/fd")
+    inodes = {
+        os.readlink(f).strip("socket:[]") for f in fds.iterdir() if "socket:" in os.readlink(f)
+    }
+    folders = [  # the helper's listening Unix socket: /tmp/simpar-XXXX/service
+        cols[7]
+        for cols in (line.split() for line in open("/proc/net/unix").read().splitlines()[1:])
+        if len(cols) == 8 and cols[6] in inodes and "/simpar-" in cols[7]
+    ]
+    client = _jax.get_distributed_runtime_client(f"127.0.0.1:{port}", 0, init_timeout=20)
+    client.connect()
+    client.key_value_set("simpar/x", "-1.5e-3")
+    assert client.blocking_key_value_get("simpar/x", 5000) == "-1.5e-3"
+    with pytest.raises(RuntimeError, match="did not start"):
+        ServiceProcess(f"[::]:{port}", 1)
+    client.shutdown()
+    helper.shutdown()
+    assert helper.proc.returncode == 0
+    assert folders and not any(os.path.exists(os.path.dirname(f)) for f in folders), folders
+
+
+CHILD = """
+import os, sys, threading, time
+from jax._src.lib import _jax
+addr, flag = sys.argv[1], sys.argv[2]
+c = _jax.get_distributed_runtime_client(addr, 0, init_timeout=30, heartbeat_timeout=30 * 86400)
+c.connect()
+big = "x" * (4 << 20)
+def pump():  # data in flight when the stop comes: the service sends its BDP pings
+    while True:
+        c.key_value_set("big", big, allow_overwrite=True)
+threading.Thread(target=pump, daemon=True).start()
+print("ready", flush=True)
+while not os.path.exists(flag):
+    time.sleep(0.1)
+c.key_value_set("after", "1")
+print("alive", c.blocking_key_value_get("after", 5000), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_client_stopped_past_the_ping_timeout_keeps_its_connection(tmp_path):
+    """Two jaxlib clients, each alone with its own service (heartbeats never judged), send
+    4 MB values in a loop and are SIGSTOPped for 65 s, then continued: the one connected
+    straight to the service aborts (gRPC's 60 s ping timeout ended its connection: SIGABRT,
+    ``Polled an error from coordination service``, as the run's processes did), the one
+    connected through the relay sets and reads a key and exits 0. Measured: the direct one
+    aborted 4 of 4, the relayed one lived 4 of 4 (a 40 s stop: both live)."""
+    from jax._src.lib import _jax
+
+    def port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    services, procs = [], []
+    for relayed in (False, True):
+        inner = port()
+        services.append(
+            _jax.get_distributed_runtime_service(
+                f"127.0.0.1:{inner}", 1, heartbeat_timeout=30 * 86400
+            )
+        )
+        address = inner
+        if relayed:
+            address = port()
+            relay.Relay(f"127.0.0.1:{address}", ("127.0.0.1", inner))
+        flag = tmp_path / f"continued{int(relayed)}"
+        cmd = [sys.executable, "-c", CHILD, f"127.0.0.1:{address}", str(flag)]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append((p, flag))
+    for p, _ in procs:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()[-2000:]
+    time.sleep(1.0)
+    for p, _ in procs:
+        p.send_signal(signal.SIGSTOP)
+    time.sleep(65.0)
+    for p, _ in procs:
+        p.send_signal(signal.SIGCONT)
+    time.sleep(0.5)
+    results = []
+    for p, flag in procs:
+        flag.touch()
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        results.append((p.returncode, out, err))
+    (rc0, _, err0), (rc1, out1, err1) = results
+    assert rc0 == -signal.SIGABRT and "Polled an error from coordination service" in err0, (
+        rc0,
+        err0[-2000:],
+    )
+    assert rc1 == 0 and out1.split() == ["alive", "1"], (rc1, err1[-2000:])

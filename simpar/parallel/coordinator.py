@@ -25,7 +25,7 @@ Ctrl-Z) while its peers ended the run met it the moment it was continued. With t
 silent, and the helper kept while such a process is still connected, that process instead
 reads on its continuation why the others left (``simpar/left/<j>``) and exits 1 with one line.
 
-The service listens on a loopback port of its own; the run's address is served by
+The service listens on a Unix socket of its own (a temporary folder in /tmp); the run's address is served by
 ``simpar.parallel.relay``, which copies each connection's bytes to the service and answers
 the service's HTTP/2 PINGs itself. Without it a stop longer than 60 s still ended in the
 abort: gRPC's ping timeout ended the stopped process's connection, and its continuation
@@ -36,10 +36,11 @@ after; the relay's docstring gives the chain and the limits).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -109,31 +110,37 @@ def main(argv: list[str]) -> None:
 
     from simpar.parallel.relay import Relay
 
-    inner = _loopback_port()  # the service's own port; the run connects to the relay
+    # the service's own socket: a file, not a port (gRPC servers bind ports with SO_REUSEPORT,
+    # so two services on one port would share its connections); the run connects to the relay
+    folder = tempfile.mkdtemp(prefix="simpar-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    signal.signal(signal.SIGTERM, lambda *_: _end(folder))
+    inner = os.path.join(folder, "service")
     service = _jax.get_distributed_runtime_service(
-        f"127.0.0.1:{inner}", int(num_nodes), heartbeat_timeout=int(heartbeat),
+        f"unix:{inner}", int(num_nodes), heartbeat_timeout=int(heartbeat),
         shutdown_timeout=int(shutdown),
     )  # fmt: skip
-    Relay(address, ("127.0.0.1", inner))  # OSError (port taken): no "ready", the caller says so
+    try:
+        Relay(address, inner)
+    except OSError:  # the port is taken: no "ready", and ServiceProcess says so
+        _end(folder)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     said = sys.stdin.buffer.read()  # until process 0 closes its end (exit, crash or kill)
     if b"bye" in said:
         service.shutdown()
-        os._exit(0)
+        _end(folder)
     port = int(address.rpartition(":")[2])
     end = time.monotonic() + LINGER_S
     time.sleep(1.0)  # the survivors' watchdogs poll every 0.5 s
     while time.monotonic() < end and connections(port) != 0:
         time.sleep(0.5)
+    _end(folder)
+
+
+def _end(folder: str) -> None:
+    """Leave at once (no waiting for the service's threads), the socket's folder removed."""
+    shutil.rmtree(folder, ignore_errors=True)
     os._exit(0)
-
-
-def _loopback_port() -> int:
-    """A free TCP port on 127.0.0.1 (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def connections(port: int) -> int | None:

@@ -21,7 +21,7 @@ takes no gRPC channel arguments (no ping timeout, no BDP probing switch);
 ``std::bad_cast``.
 
 So process 0's service helper (``simpar.parallel.coordinator``) runs the service on a
-loopback port and this relay on the run's address. The relay copies the bytes of each
+Unix socket of its own and this relay on the run's address. The relay copies the bytes of each
 connection both ways, unchanged, frame by frame, except that it answers every PING the
 service sends (a PING frame with the ACK flag and the same 8 bytes) instead of passing it to
 the client. The service's pings thus never time out, and a stopped client keeps its
@@ -56,13 +56,14 @@ class Relay:
     Args:
       address: where the run's processes connect, ``HOST:PORT`` as JAX gives it to the
         service (``[::]:1234``: every interface, IPv4 too).
-      target: the service's own address, e.g. ``("127.0.0.1", 41234)``.
+      target: the service's own address: a Unix socket's path (the helper's choice: no
+        port to race for), or ``(host, port)``.
 
     Raises:
       OSError: ``address`` cannot be listened on (the port is taken).
     """
 
-    def __init__(self, address: str, target: tuple[str, int]) -> None:
+    def __init__(self, address: str, target: str | tuple[str, int]) -> None:
         host, _, port = address.rpartition(":")
         host = host.strip("[]") or "::"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -83,13 +84,26 @@ class Relay:
             except OSError:
                 return
             try:
-                service = socket.create_connection(self.target)
+                service = _connect(self.target)
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 client.close()
                 continue
-            for s in (client, service):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             Connection(client, service)
+
+
+def _connect(target: str | tuple[str, int]) -> socket.socket:
+    if isinstance(target, str):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(target)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    sock = socket.create_connection(target)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class Connection:
