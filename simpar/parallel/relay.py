@@ -6,13 +6,19 @@ from coordination service``, ``LOG(FATAL)`` in ``client.h:80``, SIGABRT, before 
 thread ran). The chain, traced here with ``GRPC_TRACE=http_keepalive`` on both sides:
 
 1. the service's gRPC transport sends HTTP/2 PING frames of its own (flow-control "BDP"
-   probes after data from the client, keepalive pings after 2 h idle); the last one before
-   the stop is never answered, since every thread of the stopped client is stopped;
-2. 60 s later (gRPC's ping timeout, ``grpc.http2.ping_timeout_ms``) the server ends the
-   connection (``Sending goaway ... err=UNKNOWN:ping_timeout``, then a close);
+   probes while data from the client arrives; keepalive pings); one sent just before or
+   as the stop begins is never answered, since every thread of the stopped client is
+   stopped (the kernel still takes the bytes);
+2. 60 s later (chttp2's ping timeout: the server's GOAWAY came 60.00 s after its
+   unanswered PING) the server ends the connection (``Sending goaway ...
+   err=UNKNOWN:ping_timeout``, then a close);
 3. on SIGCONT the client's long-running ``PollForError`` RPC fails at once (UNAVAILABLE,
-   ``sendmsg: Broken pipe``), the agent's ``SetError`` calls the client's
-   ``missed_heartbeat_callback``, whose default is ``LOG(FATAL)``.
+   ``ping timeout`` or ``sendmsg: Broken pipe``), the agent's ``SetError`` calls the
+   client's ``missed_heartbeat_callback``, whose default is ``LOG(FATAL)``.
+
+Whether a PING is in flight when the stop begins is chance: the 70 s stop of the test
+(tests/test_cluster_faults.py) aborted 2 of 4 runs on main here; a client stopped while it
+sends 4 MB values aborted every time (tests/test_relay.py). A stop under 60 s never did.
 
 jaxlib 0.10.2 offers no way around this from Python: ``get_distributed_runtime_service``
 takes no gRPC channel arguments (no ping timeout, no BDP probing switch);
@@ -31,11 +37,13 @@ When either side closes, the relay closes the other (a killed client is seen as 
 
 Limits: the service cannot tell a hung client from a live one through its transport any
 more (it never judged that: its heartbeat timeout is ``coordinator.SERVICE_HEARTBEAT_S``;
-simpar's watchdogs judge the peers). A client that sends or receives more than the sockets
-buffer while the relay's writer to it is blocked (a stopped client with megabytes of
-replies in flight) could still delay the answers to pings past 60 s. And a ping the client
-itself sent just before it was stopped may time out on its continuation (gRPC's timer
-against the answer waiting in its socket): not seen here, but not excluded.
+simpar's watchdogs judge the peers). Three ways of losing the connection remain, none seen
+here: the relay's writer to a stopped client blocks once the client's socket buffers are
+full (megabytes of replies in flight), and the pings behind it then wait too; a SETTINGS
+frame the service sends during the stop (a new flow-control window) is still answered by
+the client alone, within gRPC's settings timeout; and a ping the client itself sent just
+before the stop may time out on its continuation (gRPC's timer against the answer waiting
+in its socket).
 """
 
 from __future__ import annotations
