@@ -266,7 +266,8 @@ def test_process_continued_after_sigstop_exits_1_with_one_line(tmp_path):
     continued later than the service's heartbeat timeout (25 s), the stopped process died by
     SIGABRT with a C++ trace (``Polled an error from coordination service``), either role;
     then (main at 03a8465) continued later than 60 s, the same (gRPC's ping timeout ended
-    its connection to the service: ``simpar.parallel.relay``), 3 of 3 here."""
+    its connection to the service: ``simpar.parallel.relay``), 5 of 7 runs here; with the
+    relay 0 of 10 (either process stopped)."""
     out = tmp_path / "run.nc"
     args = (*HEAT, "--steps", "400000", "--out", str(out))  # the last --steps counts
     (p0, p1), (end0, end1), stopped = _run_pair(args, timeout=200, stop=0, stop_s=STOP_S)

@@ -29,7 +29,7 @@ The service listens on a Unix socket of its own (a temporary folder in /tmp); th
 ``simpar.parallel.relay``, which copies each connection's bytes to the service and answers
 the service's HTTP/2 PINGs itself. Without it a stop longer than 60 s still ended in the
 abort: gRPC's ping timeout ended the stopped process's connection, and its continuation
-found its error polling failed (measured with a 70 s stop: 3 of 3 aborted before, 0 of N
+found its error polling failed (measured with a 70 s stop: 5 of 7 aborted before, 0 of 10
 after; the relay's docstring gives the chain and the limits).
 """
 

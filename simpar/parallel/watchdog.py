@@ -39,7 +39,7 @@ before any Python thread ran, and the process died by SIGABRT 0.17-0.44 s later.
 service (``simpar.parallel.coordinator``) never judges heartbeats and serves the processes
 still connected after process 0 left, and its gRPC transport no longer ends the
 connection of a process stopped for more than 60 s (``simpar.parallel.relay``: a 70 s stop
-aborted 3 of 3 before it). The limit: where JAX runs the service itself (inside process 0,
+aborted 5 of 7 runs before it, 0 of 10 after). The limit: where JAX runs the service itself (inside process 0,
 where ``simpar.parallel.distributed`` cannot hand it the helper: JAX's internals changed),
 a stop longer than ``distributed.HEARTBEAT_S`` (or than 60 s, gRPC's ping timeout) still
 ends in that abort.
