@@ -25,9 +25,11 @@ Ctrl-Z) while its peers ended the run met it the moment it was continued. With t
 silent, and the helper kept while such a process is still connected, that process instead
 reads on its continuation why the others left (``simpar/left/<j>``) and exits 1 with one line.
 
-The service listens on a Unix socket of its own (a temporary folder in /tmp); the run's address is served by
+The service listens on a Unix socket of its own (in a temporary folder of /tmp: jaxlib's
+gRPC server binds TCP ports with SO_REUSEPORT, so a second service started on a taken port
+and shared its connections, measured); the run's address is served by
 ``simpar.parallel.relay``, which copies each connection's bytes to the service and answers
-the service's HTTP/2 PINGs itself. Without it a stop longer than 60 s still ended in the
+the service's HTTP/2 PINGs itself (and, binding without SO_REUSEPORT, refuses a taken port). Without it a stop longer than 60 s still ended in the
 abort: gRPC's ping timeout ended the stopped process's connection, and its continuation
 found its error polling failed (measured with a 70 s stop: 5 of 7 aborted before, 0 of 10
 after; the relay's docstring gives the chain and the limits).
