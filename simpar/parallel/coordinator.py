@@ -26,8 +26,8 @@ silent, and the helper kept while such a process is still connected, that proces
 reads on its continuation why the others left (``simpar/left/<j>``) and exits 1 with one line.
 
 The service listens on a Unix socket of its own (in a temporary folder of /tmp: jaxlib's
-gRPC server binds TCP ports with SO_REUSEPORT, so a second service started on a taken port
-and shared its connections, measured); the run's address is served by
+gRPC server binds TCP ports with SO_REUSEPORT: a second service started on a taken port,
+measured, and the kernel then spreads the connections over both); the run's address is served by
 ``simpar.parallel.relay``, which copies each connection's bytes to the service and answers
 the service's HTTP/2 PINGs itself (and, binding without SO_REUSEPORT, refuses a taken port). Without it a stop longer than 60 s still ended in the
 abort: gRPC's ping timeout ended the stopped process's connection, and its continuation
