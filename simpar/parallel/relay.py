@@ -75,9 +75,13 @@ class Relay:
         host, _, port = address.rpartition(":")
         host = host.strip("[]") or "::"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        if family == socket.AF_INET6 and not socket.has_ipv6 and host == "::":
+        try:
+            self.sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            if host != "::":
+                raise
             host, family = "0.0.0.0", socket.AF_INET  # a host without IPv6: every interface
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
+            self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
             self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
