@@ -187,7 +187,7 @@ def test_client_stopped_past_the_ping_timeout_keeps_its_connection(tmp_path):
     straight to the service aborts (gRPC's 60 s ping timeout ended its connection: SIGABRT,
     ``Polled an error from coordination service``, as the run's processes did), the one
     connected through the relay sets and reads a key and exits 0. Measured: the direct one
-    aborted 4 of 4, the relayed one lived 4 of 4 (a 40 s stop: both live)."""
+    aborted 5 of 5, the relayed one lived 5 of 5 (a 40 s stop: both live)."""
     from jax._src.lib import _jax
 
     def port():
