@@ -24,16 +24,25 @@ C++ trace) and cannot be intercepted from Python; a process that was stopped (SI
 Ctrl-Z) while its peers ended the run met it the moment it was continued. With the service
 silent, and the helper kept while such a process is still connected, that process instead
 reads on its continuation why the others left (``simpar/left/<j>``) and exits 1 with one line.
-That holds for stops up to about 60 s: the service's gRPC transport then drops the stopped
-process's connection, and its continuation aborts in JAX as before (``watchdog``).
+
+The service listens on a Unix socket of its own (in a temporary folder of /tmp: jaxlib's
+gRPC server binds TCP ports with SO_REUSEPORT: a second service started on a taken port,
+measured, and the kernel then spreads the connections over both); the run's address is served by
+``simpar.parallel.relay``, which copies each connection's bytes to the service and answers
+the service's HTTP/2 PINGs itself (and, binding without SO_REUSEPORT, refuses a taken port). Without it a stop longer than 60 s still ended in the
+abort: gRPC's ping timeout ended the stopped process's connection, and its continuation
+found its error polling failed (measured with a 70 s stop: 5 of 7 aborted before, 0 of 10
+after; the relay's docstring gives the chain and the limits).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -101,20 +110,38 @@ def main(argv: list[str]) -> None:
     address, num_nodes, heartbeat, shutdown = argv
     from jax._src.lib import _jax
 
+    from simpar.parallel.relay import Relay
+
+    # the service's own socket: a file, not a port (gRPC servers bind ports with SO_REUSEPORT,
+    # so two services on one port would share its connections); the run connects to the relay
+    folder = tempfile.mkdtemp(prefix="simpar-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    signal.signal(signal.SIGTERM, lambda *_: _end(folder))
+    inner = os.path.join(folder, "service")
     service = _jax.get_distributed_runtime_service(
-        address, int(num_nodes), heartbeat_timeout=int(heartbeat), shutdown_timeout=int(shutdown)
-    )
+        f"unix:{inner}", int(num_nodes), heartbeat_timeout=int(heartbeat),
+        shutdown_timeout=int(shutdown),
+    )  # fmt: skip
+    try:
+        Relay(address, inner)
+    except OSError:  # the port is taken: no "ready", and ServiceProcess says so
+        _end(folder)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     said = sys.stdin.buffer.read()  # until process 0 closes its end (exit, crash or kill)
     if b"bye" in said:
         service.shutdown()
-        os._exit(0)
+        _end(folder)
     port = int(address.rpartition(":")[2])
     end = time.monotonic() + LINGER_S
     time.sleep(1.0)  # the survivors' watchdogs poll every 0.5 s
     while time.monotonic() < end and connections(port) != 0:
         time.sleep(0.5)
+    _end(folder)
+
+
+def _end(folder: str) -> None:
+    """Leave at once (no waiting for the service's threads), the socket's folder removed."""
+    shutil.rmtree(folder, ignore_errors=True)
     os._exit(0)
 
 

@@ -37,14 +37,12 @@ JAX's error polling (``CoordinationServiceAgent::SetError`` -> the client's
 ``missed_heartbeat_callback``, ``LOG(FATAL)`` in ``client.h``) printed at once on SIGCONT,
 before any Python thread ran, and the process died by SIGABRT 0.17-0.44 s later. Now the
 service (``simpar.parallel.coordinator``) never judges heartbeats and serves the processes
-still connected after process 0 left. The limits: a stop longer than about 60 s still ends
-in that abort (measured: 12-31 s clean 13 of 13, 70 s aborted 2 of 2): the service's gRPC
-transport drops the connection of a client that does not answer (at 60.5 s into the stop,
-measured), and on SIGCONT the failed ``PollForError`` call aborts as above; jaxlib 0.10.2's
-``get_distributed_runtime_service`` takes no gRPC channel arguments to change that. And
-where JAX runs the service itself (inside process 0, where ``simpar.parallel.distributed``
-cannot hand it the helper: JAX's internals changed), a stop longer than
-``distributed.HEARTBEAT_S`` still ends in that abort.
+still connected after process 0 left, and its gRPC transport no longer ends the
+connection of a process stopped for more than 60 s (``simpar.parallel.relay``: a 70 s stop
+aborted 5 of 7 runs before it, 0 of 10 after). The limit: where JAX runs the service itself (inside process 0,
+where ``simpar.parallel.distributed`` cannot hand it the helper: JAX's internals changed),
+a stop longer than ``distributed.HEARTBEAT_S`` (or than 60 s, gRPC's ping timeout) still
+ends in that abort.
 
 A failing process itself leaves through :func:`exit_now` (an ``atexit`` hook that runs before
 JAX's own): its message is printed by the command line, and then it exits with its code
