@@ -188,6 +188,8 @@ class LJRun(Run):
         self.sim = _simulation(plan, ck)
         # the neighbour policy (neighbors.every / check; a resumed single run gets it here)
         self.sim.every, self.sim.check = self.cfg["every"], self.cfg["check"]
+        if not plan.decomposed:  # the driver keeps no list: chunks may consume them (memory)
+            self.sim.consume_list = True
         self.desc = self.cfg["name"]
         self._snap = None
 
