@@ -264,13 +264,11 @@ def release_free_memory() -> bool:
 
 
 #: XLA:CPU options of the programs simpar compiles "lean" (``lean_jit``): the loop emitters
-#: instead of the MLIR fusion emitters. Measured on in.lj (32,000 atoms, float64, one core,
-#: jaxlib 0.10): the same results bit for bit (forces, lists, a 100-step trajectory), a fifth
-#: of the compiler's memory (a list build: +86 -> +15 MiB peak; the fused chunk +132 -> +25
-#: MiB), list builds ~5% faster, but the force kernel ~30% slower (11.6 -> 15 ms), which is why
-#: the time steps keep the fusion emitters and only set-up, list builds and energies are lean.
-#: These options only tune memory: a jaxlib that does not know one (jaxlib 0.12 removed
-#: ``xla_cpu_use_fusion_emitters``) compiles without it (:func:`accepted_compiler_options`).
+#: instead of the MLIR fusion emitters. On in.lj (float64, jaxlib 0.10): the same bits, a fifth
+#: of the compiler's memory (a list build +86 -> +15 MiB; in.lj's time steps +50 -> +6 MiB),
+#: but the force kernel ~30% slower (5 steps: 63 -> 83 ms CPU), so the time steps keep the
+#: fusion emitters and only set-up, list builds and energies are lean. A jaxlib that does not
+#: know an option (0.12 removed this one) compiles without it (:func:`accepted_compiler_options`).
 LEAN_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
@@ -356,15 +354,17 @@ def lean_jit(fun, **jit_kwargs):
 
 
 def drop_compiled_if_cached(*jitted) -> bool:
-    """Drop the compiled programs of set-up functions (``jax.jit`` objects) when JAX's
-    persistent compilation cache is on (as in ``simpar run``), so that they do not stay in
-    memory for the whole run (2-15 MiB each): another set-up reloads them from the cache in
-    milliseconds. Without the cache they are kept (a recompilation costs ~0.1-1 s each).
-    Returns True when the programs were dropped."""
+    """Drop the compiled programs of set-up functions (``jax.jit`` objects; none given: every
+    program, ``jax.clear_caches``) when JAX's persistent compilation cache is on (as in
+    ``simpar run``), so that they do not stay in memory for the whole run (2-15 MiB each):
+    a later call reloads them from the cache in milliseconds. Without the cache they are kept
+    (a recompilation costs ~0.1-1 s each). Returns True when the programs were dropped."""
     import jax
 
     if not (jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir):
         return False
+    if not jitted:
+        jax.clear_caches()
     for fn in jitted:
         fn.clear_cache()
     release_free_memory()
