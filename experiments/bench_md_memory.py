@@ -2,8 +2,11 @@
 
 What it shows (issue 29, item 3): the peak resident memory of the command users run,
 ``python -m simpar run experiments/lj_bench.toml --steps 100`` (LAMMPS's in.lj: 32,000 LJ
-atoms, float64, ``single``), above that of a bare ``python -c "import jax"``, against the
-whole LAMMPS process running the same in.lj (``lmp``, ``lammps_peer.in_lj``, 100 steps).
+atoms, float64, ``single``), above that of bare JAX, against the whole LAMMPS process running
+the same in.lj (``lmp``, ``lammps_peer.in_lj``, 100 steps). Bare JAX is a process that imports
+jax and runs one trivial op (its CPU client up, as any JAX program has it; the headline
+baseline, ``bare_jax``) and, for reference, one that only imports it (``import_jax_only``:
+the CPU client adds ~47 MiB).
 Each run is a fresh process: cold (an empty persistent compilation cache, ``XDG_CACHE_HOME``
 pointed at a new directory: what a first run sees) and warm (a second run on the cache the
 cold one filled). Rounds interleave the kinds of run (and the trees given with ``--tree``,
@@ -36,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,15 +66,10 @@ def peak_of(cmd: list[str], env: dict, cwd: str, timeout: float = 900) -> dict:
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     polled = 0.0
     out_chunks: list[str] = []
-    # drain the pipes in the background so a chatty child cannot block on a full pipe
-    import threading
-
-    def drain(stream, sink):
-        sink.append(stream.read())
-
     errs: list[str] = []
-    threads = [threading.Thread(target=drain, args=(proc.stdout, out_chunks)),
-               threading.Thread(target=drain, args=(proc.stderr, errs))]  # fmt: skip
+    # drain the pipes in the background so that a chatty child cannot block on a full pipe
+    threads = [threading.Thread(target=lambda: out_chunks.append(proc.stdout.read())),
+               threading.Thread(target=lambda: errs.append(proc.stderr.read()))]  # fmt: skip
     for t in threads:
         t.start()
     while True:
@@ -121,7 +120,8 @@ def main() -> None:
     ap.add_argument("--no-lammps", action="store_true", help="skip LAMMPS")
     args = ap.parse_args()
     if args.rounds < 1 or args.steps < 1:
-        sys.exit("bench_md_memory.py: --rounds and --steps must be >= 1")
+        print("bench_md_memory.py: --rounds and --steps must be >= 1", file=sys.stderr)
+        sys.exit(2)
     trees = args.tree or [None]
     for tree in trees:
         if tree is not None and not os.path.isdir(os.path.join(tree, "simpar")):
@@ -137,13 +137,16 @@ def main() -> None:
     with open(os.path.join(work, "in.lj"), "w") as fh:
         fh.write(lammps_peer.in_lj(20, steps=args.steps))
     py = sys.executable
-    fig: dict = {"bare_jax": [], "lammps": [], **{f"{i}": {"cold": [], "warm": []}
-                                                  for i in range(len(trees))}}  # fmt: skip
+    fig: dict = {"bare_jax": [], "import_jax_only": [], "lammps": [],
+                 **{f"{i}": {"cold": [], "warm": []} for i in range(len(trees))}}  # fmt: skip
+    bare = "import jax, jax.numpy as jnp; jnp.zeros(()).block_until_ready()"
     loads, summaries = [], {}
     try:
         for rnd in range(args.rounds):
             loads.append(os.getloadavg()[0])
-            fig["bare_jax"].append(peak_of([py, "-c", "import jax"], _env(None, None), ROOT))
+            fig["bare_jax"].append(peak_of([py, "-c", bare], _env(None, None), ROOT))
+            fig["import_jax_only"].append(peak_of([py, "-c", "import jax"], _env(None, None),
+                                                  ROOT))  # fmt: skip
             if lmp:
                 fig["lammps"].append(peak_of([lmp, "-in", "in.lj", "-log", "none"],
                                              dict(os.environ), work))  # fmt: skip
@@ -163,12 +166,14 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     peaks = lambda runs: [r["peak_mib"] for r in runs]  # noqa: E731
     base = statistics.median(peaks(fig["bare_jax"]))
+    base_import = statistics.median(peaks(fig["import_jax_only"]))
     lmp_peak = statistics.median(peaks(fig["lammps"])) if fig["lammps"] else None
     out = {
         "command": f"python -m simpar run experiments/lj_bench.toml --steps {args.steps}",
         "rounds": args.rounds,
         "load_avg_1min_per_round": loads,
         "bare_jax_peak_mib": _stats(peaks(fig["bare_jax"])),
+        "import_jax_only_peak_mib": _stats(peaks(fig["import_jax_only"])),
         "lammps_peak_mib": _stats(peaks(fig["lammps"])) if lmp_peak else None,
         "this_script_vmhwm_mib": round(vmhwm_mib() or 0.0, 1),
         "trees": {},
@@ -184,7 +189,10 @@ def main() -> None:
                 "wall_s": _stats([r["wall_s"] for r in runs]),
             }
             if lmp_peak:
-                row[kind]["ratio_to_lammps"] = round(statistics.median(above) / lmp_peak, 2)
+                med = statistics.median(peaks(runs))
+                row[kind]["ratio_to_lammps"] = round((med - base) / lmp_peak, 2)
+                row[kind]["ratio_to_lammps_above_import_jax_only"] = round(
+                    (med - base_import) / lmp_peak, 2)  # fmt: skip
             s = summaries.get(f"{i}_{kind}", {})
             row[kind]["summary_peak_memory_mib"] = s.get("peak_memory_mib")
             row[kind]["final"] = {k: s.get("final", {}).get(k)
