@@ -525,10 +525,14 @@ def test_consume_list_redo_after_an_overflow_rebuilds_the_donated_list():
     sim.advance(20)
     ref.advance(20)
     tiny = dataclasses.replace(sim.spec, max_neighbors=8)
-    sim.spec, sim.nbrs = tiny, sim._rebuild(sim.state._replace(position=sim.nbrs.ref_position))
-    sim.nbrs = sim.nbrs._replace(n_builds=ref.nbrs.n_builds)
+    sim.spec = tiny
+    sim.nbrs = sim._rebuild(sim.state._replace(position=sim.nbrs.ref_position))._replace(
+        n_builds=ref.nbrs.n_builds)  # fmt: skip
+    assert sim.error == error_codes.NEIGHBORS
+    start = sim.nbrs
     sim.advance(10)
     ref.advance(10)
+    assert start.idx.is_deleted()
     assert sim.regrows == 1 and sim.error == 0 and sim.builds == ref.builds
     for name in ("position", "velocity", "force"):
         np.testing.assert_array_equal(sim.snapshot()[name], ref.snapshot()[name])
