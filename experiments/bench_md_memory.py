@@ -4,9 +4,9 @@ What it shows (issue 29, item 3): the peak resident memory of the command users 
 ``python -m simpar run experiments/lj_bench.toml --steps 100`` (LAMMPS's in.lj: 32,000 LJ
 atoms, float64, ``single``), above that of bare JAX, against the whole LAMMPS process running
 the same in.lj (``lmp``, ``lammps_peer.in_lj``, 100 steps). Bare JAX is a process that imports
-jax and runs one trivial op (its CPU client up, as any JAX program has it; the headline
-baseline, ``bare_jax``) and, for reference, one that only imports it (``import_jax_only``:
-the CPU client adds ~47 MiB).
+jax and runs one trivial op, ``jnp.ones(3).sum()`` (the CPU client up and one program
+compiled, as in any JAX program; the headline baseline, ``bare_jax``) and, for reference, one
+that only imports it (``import_jax_only``: the client and the first compilation add ~47 MiB).
 Each run is a fresh process: cold (an empty persistent compilation cache, ``XDG_CACHE_HOME``
 pointed at a new directory: what a first run sees) and warm (a second run on the cache the
 cold one filled). Rounds interleave the kinds of run (and the trees given with ``--tree``,
@@ -43,7 +43,6 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 TOML = os.path.join(HERE, "lj_bench.toml")
 
 
@@ -139,14 +138,18 @@ def main() -> None:
     py = sys.executable
     fig: dict = {"bare_jax": [], "import_jax_only": [], "lammps": [],
                  **{f"{i}": {"cold": [], "warm": []} for i in range(len(trees))}}  # fmt: skip
-    bare = "import jax, jax.numpy as jnp; jnp.zeros(()).block_until_ready()"
+    bare = "import jax, jax.numpy as jnp; jax.block_until_ready(jnp.ones(3).sum())"
     loads, summaries = [], {}
+    # which simpar each tree runs (a check that --tree really selects it)
+    where = "import simpar; print(simpar.__file__)"
+    simpar_files = [subprocess.run([py, "-c", where], env=_env(tree, None), cwd=work, text=True,
+                                   capture_output=True).stdout.strip() for tree in trees]  # fmt: skip
     try:
         for rnd in range(args.rounds):
             loads.append(os.getloadavg()[0])
-            fig["bare_jax"].append(peak_of([py, "-c", bare], _env(None, None), ROOT))
+            fig["bare_jax"].append(peak_of([py, "-c", bare], _env(None, None), work))
             fig["import_jax_only"].append(peak_of([py, "-c", "import jax"], _env(None, None),
-                                                  ROOT))  # fmt: skip
+                                                  work))  # fmt: skip
             if lmp:
                 fig["lammps"].append(peak_of([lmp, "-in", "in.lj", "-log", "none"],
                                              dict(os.environ), work))  # fmt: skip
@@ -156,7 +159,9 @@ def main() -> None:
                     out = os.path.join(keep, f"{i}_{kind}_{rnd}.h5md")
                     cmd = [py, "-m", "simpar", "run", TOML, "--steps", str(args.steps),
                            "--out", out, "--overwrite", "--quiet"]  # fmt: skip
-                    res = peak_of(cmd, _env(tree, cache), ROOT)
+                    # not from a checkout: ``python -m`` puts the working directory first
+                    # on sys.path, ahead of PYTHONPATH
+                    res = peak_of(cmd, _env(tree, cache), work)
                     summaries[f"{i}_{kind}"] = json.loads(res["stdout"])
                     fig[f"{i}"][kind].append(res)
                     if not args.keep:
@@ -179,7 +184,8 @@ def main() -> None:
         "trees": {},
     }
     for i, tree in enumerate(trees):
-        row: dict = {"tree": os.path.abspath(tree) if tree else "environment"}
+        row: dict = {"tree": os.path.abspath(tree) if tree else "environment",
+                     "simpar_file": simpar_files[i]}  # fmt: skip
         for kind in ("cold", "warm"):
             runs = fig[f"{i}"][kind]
             above = [round(p - base, 1) for p in peaks(runs)]
@@ -187,6 +193,7 @@ def main() -> None:
                 "peak_mib": _stats(peaks(runs)),
                 "above_bare_jax_mib": _stats(above),
                 "wall_s": _stats([r["wall_s"] for r in runs]),
+                "peak_mib_per_round": peaks(runs),
             }
             if lmp_peak:
                 med = statistics.median(peaks(runs))
