@@ -227,6 +227,7 @@ class LJRun(Run):
         )
 
     def advance(self, k: int, last_good: str) -> None:
+        self._snap = None  # stale after the chunk: its host arrays need not live through it
         try:
             self.sim.advance(k)
         except SimulationError as err:  # decoded error bits that a regrow could not repair
