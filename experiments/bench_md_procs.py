@@ -48,8 +48,14 @@ def rss_mib() -> float:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident set size of this process so far (MiB; ``ru_maxrss`` is in KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident set size of this process so far (MiB): Linux's ``VmHWM``, else
+    ``ru_maxrss`` (KiB on Linux; it survives ``execve``, so a worker started from a larger
+    process would report at least that process's size)."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 1024
+    except (OSError, ValueError, IndexError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def memory_report(compiled) -> dict:

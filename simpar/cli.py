@@ -274,6 +274,9 @@ def _layout(engine: str, mesh: tuple[int, ...], grid: str | None) -> str:
 def _cmd_run(args) -> int:
     from simpar import signals
     from simpar.errors import ConfigError
+    from simpar.memory import fix_mmap_threshold
+
+    fix_mmap_threshold()  # freed big blocks go back to the system at once (peak memory)
 
     multi = args.distributed or any(
         v is not None for v in (args.coordinator, args.num_processes, args.process_id)

@@ -130,9 +130,8 @@ def cgroup_available(root: str | os.PathLike | None = None) -> tuple[int, str] |
     for d in _cgroup_dirs(root, "memory"):  # v1: the memory controller's hierarchy
         limit = _read_int(d / "memory.limit_in_bytes")
         if limit is not None:
-            used = _cgroup_used(
-                _read_int(d / "memory.usage_in_bytes"), d / "memory.stat", "total_inactive_file"
-            )
+            used = _cgroup_used(_read_int(d / "memory.usage_in_bytes"), d / "memory.stat",
+                                "total_inactive_file")  # fmt: skip
             left = limit - used
             if best is None or left < best[0]:
                 best = (left, f"cgroup v1 memory.limit_in_bytes {limit / GIB:.3g} GiB of {d}")
@@ -147,23 +146,25 @@ def _meminfo_available() -> int | None:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    try:
+    try:  # not Linux
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
 
 
-def _vm_size() -> int:
-    """This process's virtual size in bytes (``VmSize`` of ``/proc/self/status``), 0 if
-    unknown."""
+def _status_kib(name: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (``VmSize``, ``VmRSS``, ``VmHWM``), None if
+    unknown (non-Linux)."""
     try:
         with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+            return int(next(x for x in fh if x.startswith(name + ":")).split()[1])
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _vm_size() -> int:
+    """This process's virtual size in bytes (``VmSize``), 0 if unknown."""
+    return (_status_kib("VmSize") or 0) * 1024
 
 
 def memory_limits() -> dict[str, int]:
@@ -198,8 +199,7 @@ def available() -> tuple[int, str] | None:
 
 
 def available_bytes() -> int | None:
-    """Bytes a new allocation may take (the smallest of free RAM, the cgroup limit and
-    RLIMIT_AS), None if unknown."""
+    """Bytes a new allocation may take (``available``'s), None if unknown."""
     got = available()
     return None if got is None else got[0]
 
@@ -207,15 +207,14 @@ def available_bytes() -> int | None:
 def peak_memory_mib() -> float:
     """Peak resident memory of this process, in MiB: Linux's ``VmHWM`` (``ru_maxrss`` elsewhere:
     on Linux it survives ``execve``, so a child of a large process reports the parent's size)."""
-    try:
-        with open("/proc/self/status") as f:
-            return round(int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 2**10, 1)
-    except (OSError, ValueError, IndexError, StopIteration):
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)
+    hwm = _status_kib("VmHWM")
+    if hwm is not None:
+        return round(hwm / 2**10, 1)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
-_LIBC: list = []  # the loaded C library with ``malloc_trim``, or None where there is none
+_LIBC: list = []  # the loaded C library with ``malloc_trim`` and ``mallopt``, or None
 
 
 def _malloc_trim():
@@ -226,11 +225,23 @@ def _malloc_trim():
             try:
                 lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
                 lib.malloc_trim.argtypes = [ctypes.c_size_t]
-                lib.malloc_trim.restype = ctypes.c_int
+                lib.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
             except (OSError, AttributeError):
                 lib = None
         _LIBC.append(lib)
     return None if _LIBC[0] is None else _LIBC[0].malloc_trim
+
+
+#: glibc's ``M_MMAP_THRESHOLD`` (malloc.h) and the value :func:`fix_mmap_threshold` sets
+_M_MMAP_THRESHOLD, MMAP_THRESHOLD = -3, 1 << 20
+
+
+def fix_mmap_threshold() -> bool:
+    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD``: larger blocks are mappings of their
+    own, unmapped when freed (glibc's threshold rises to the largest block freed, up to 32
+    MiB, after which XLA's big buffers stay resident). Called early by ``simpar run``;
+    True when set (False off glibc)."""
+    return _malloc_trim() is not None and bool(_LIBC[0].mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 def release_free_memory() -> bool:
@@ -253,13 +264,11 @@ def release_free_memory() -> bool:
 
 
 #: XLA:CPU options of the programs simpar compiles "lean" (``lean_jit``): the loop emitters
-#: instead of the MLIR fusion emitters. Measured on in.lj (32,000 atoms, float64, one core,
-#: jaxlib 0.10): the same results bit for bit (forces, lists, a 100-step trajectory), a fifth
-#: of the compiler's memory (a list build: +86 -> +15 MiB peak; the fused chunk +132 -> +25
-#: MiB), list builds ~5% faster, but the force kernel ~30% slower (11.6 -> 15 ms), which is why
-#: the time steps keep the fusion emitters and only set-up, list builds and energies are lean.
-#: These options only tune memory: a jaxlib that does not know one (jaxlib 0.12 removed
-#: ``xla_cpu_use_fusion_emitters``) compiles without it (:func:`accepted_compiler_options`).
+#: instead of the MLIR fusion emitters. On in.lj (float64, jaxlib 0.10): the same bits, a fifth
+#: of the compiler's memory (a list build +86 -> +15 MiB; in.lj's time steps +50 -> +6 MiB),
+#: but the force kernel ~30% slower (5 steps: 63 -> 83 ms CPU), so the time steps keep the
+#: fusion emitters and only set-up, list builds and energies are lean. A jaxlib that does not
+#: know an option (0.12 removed this one) compiles without it (:func:`accepted_compiler_options`).
 LEAN_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
@@ -345,18 +354,17 @@ def lean_jit(fun, **jit_kwargs):
 
 
 def drop_compiled_if_cached(*jitted) -> bool:
-    """Drop the compiled programs of set-up functions (``jax.jit`` objects) when JAX's
-    persistent compilation cache is on (as in ``simpar run``), so that they do not stay in
-    memory for the whole run (2-15 MiB each): another set-up reloads them from the cache in
-    milliseconds. Without the cache they are kept (a recompilation costs ~0.1-1 s each).
-
-    Returns:
-      True when the programs were dropped.
-    """
+    """Drop the compiled programs of set-up functions (``jax.jit`` objects; none given: every
+    program, ``jax.clear_caches``) when JAX's persistent compilation cache is on (as in
+    ``simpar run``), so that they do not stay in memory for the whole run (2-15 MiB each):
+    a later call reloads them from the cache in milliseconds. Without the cache they are kept
+    (a recompilation costs ~0.1-1 s each). Returns True when the programs were dropped."""
     import jax
 
     if not (jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir):
         return False
+    if not jitted:
+        jax.clear_caches()
     for fn in jitted:
         fn.clear_cache()
     release_free_memory()
@@ -365,14 +373,7 @@ def drop_compiled_if_cached(*jitted) -> bool:
 
 def current_rss_mib() -> float:
     """Resident memory of this process now (``VmRSS``), in MiB; 0.0 if unknown (non-Linux)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0.0
+    return round((_status_kib("VmRSS") or 0) / 1024, 1)
 
 
 #: when set (to anything non-empty), :func:`check_fits` prints each estimate to stderr as the

@@ -496,3 +496,44 @@ def test_host_driven_rebuilds_equal_the_one_program_chunk(ensemble, policy):
         assert np.array_equal(np.asarray(sim.nbrs.idx), np.asarray(nbrs.idx))
         assert int(sim.nbrs.n_builds) == int(nbrs.n_builds)
     assert int(nbrs.n_builds) >= 3
+
+
+def test_consume_list_donates_the_start_list_and_changes_no_bit():
+    """``Simulation.consume_list`` (``simpar run``'s chunks take the list instead of a copy):
+    the start list's ``idx`` is donated (deleted), the run follows the default one bit for bit."""
+    r, v, spc, pot = lj_system(cells=4, temperature=3.0)
+    ref = md.make_simulation(spc, pot, r, v, dt=0.005)
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005)
+    sim.consume_list = True
+    for n in (7, 13):
+        start = sim.nbrs
+        sim.advance(n)
+        ref.advance(n)
+        assert start.idx.is_deleted() and not sim.nbrs.idx.is_deleted()
+        np.testing.assert_array_equal(sim.snapshot()["position"], ref.snapshot()["position"])
+        np.testing.assert_array_equal(np.asarray(sim.nbrs.idx), np.asarray(ref.nbrs.idx))
+
+
+@pytest.mark.slow
+def test_consume_list_redo_after_an_overflow_rebuilds_the_donated_list():
+    """With ``consume_list`` a chunk that overflows has consumed its start list; the redo
+    rebuilds it from ``ref_position`` and follows the default run bit for bit."""
+    r, v, spc, pot = lj_system(cells=4, temperature=3.0)
+    ref = md.make_simulation(spc, pot, r, v, dt=0.005)
+    sim = md.make_simulation(spc, pot, r, v, dt=0.005)
+    sim.consume_list = True
+    sim.advance(20)
+    ref.advance(20)
+    tiny = dataclasses.replace(sim.spec, max_neighbors=8)
+    sim.spec = tiny
+    sim.nbrs = sim._rebuild(sim.state._replace(position=sim.nbrs.ref_position))._replace(
+        n_builds=ref.nbrs.n_builds)  # fmt: skip
+    assert sim.error == error_codes.NEIGHBORS
+    start = sim.nbrs
+    sim.advance(10)
+    ref.advance(10)
+    assert start.idx.is_deleted()
+    assert sim.regrows == 1 and sim.error == 0 and sim.builds == ref.builds
+    for name in ("position", "velocity", "force"):
+        np.testing.assert_array_equal(sim.snapshot()[name], ref.snapshot()[name])
+    assert sim.thermo() == ref.thermo()

@@ -3,6 +3,7 @@ back to the system on Linux/glibc; elsewhere a no-op that says so."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -24,6 +25,33 @@ def test_release_free_memory_returns_bool_and_keeps_live_data():
 def test_release_free_memory_is_a_no_op_without_glibc(monkeypatch):
     monkeypatch.setattr(memory, "_LIBC", [None])  # as on macOS or a libc without malloc_trim
     assert memory.release_free_memory() is False
+
+
+_HEAP_PROBE = """
+import sys
+from simpar import memory
+fixed = memory.fix_mmap_threshold() if sys.argv[1] == "fix" else None
+first = bytearray(2 << 20); del first  # glibc's threshold rises to the size freed
+before = memory.current_rss_mib()
+blocks = [bytearray(b"x" * (2 << 20)) for _ in range(32)]  # 64 MiB written
+del blocks[:-1]  # the last stays: the heap's top cannot be trimmed
+print(fixed, memory.current_rss_mib() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc, /proc/self/status")
+def test_fixed_mmap_threshold_returns_freed_big_blocks_at_once(monkeypatch):
+    """``fix_mmap_threshold`` (``simpar run``): 31 freed 2 MiB blocks leave the process at
+    once; with glibc's rising threshold they stay in the heap (62 MiB resident)."""
+    if memory._malloc_trim() is None:
+        pytest.skip("not glibc")
+    run = lambda mode: subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], check=True,  # noqa: E731
+                                      capture_output=True, text=True).stdout.split()  # fmt: skip
+    fixed, kept = run("fix")
+    assert fixed == "True" and float(kept) < 8.0
+    assert float(run("default")[1]) > 50.0
+    monkeypatch.setattr(memory, "_LIBC", [None])
+    assert memory.fix_mmap_threshold() is False  # off glibc: a no-op that says so
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")

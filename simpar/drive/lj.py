@@ -26,6 +26,7 @@ from simpar.drive import lj_config
 from simpar.drive.loop import ModelAdapter, Options, Plan, Run, device_mesh, rate, read_options
 from simpar.errors import ConfigError, SimulationError
 from simpar.io.meta import run_metadata
+from simpar.memory import drop_compiled_if_cached
 from simpar.parallel import distributed
 from simpar.parallel.mapping import kind
 from simpar.particles import observables, potentials, space
@@ -188,6 +189,11 @@ class LJRun(Run):
         self.sim = _simulation(plan, ck)
         # the neighbour policy (neighbors.every / check; a resumed single run gets it here)
         self.sim.every, self.sim.check = self.cfg["every"], self.cfg["check"]
+        if not plan.decomposed:  # the driver keeps no list: chunks may consume them (memory)
+            self.sim.consume_list = True
+        # the set-up's programs (lattice, keys, first list and forces) do not run again: their
+        # executables go (in.lj: 10 MiB less peak) when JAX's cache would reload them
+        drop_compiled_if_cached()
         self.desc = self.cfg["name"]
         self._snap = None
 
@@ -221,6 +227,7 @@ class LJRun(Run):
         )
 
     def advance(self, k: int, last_good: str) -> None:
+        self._snap = None  # stale after the chunk: its host arrays need not live through it
         try:
             self.sim.advance(k)
         except SimulationError as err:  # decoded error bits that a regrow could not repair

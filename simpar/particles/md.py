@@ -266,6 +266,9 @@ class Simulation(Regrowing):
       max_regrows: regrows allowed per chunk.
       every, check: neighbour policy (``step.Provider``; default: the exact skin/2 check
         after every step).
+      consume_list: one device: a chunk donates the start's ``nbrs.idx`` instead of a copy
+        (in.lj: 12 MiB), deleting it (a redo rebuilds it from ``ref_position``): for a
+        driver that keeps no reference to a list (``simpar run``).
     """
 
     ensemble: str
@@ -281,6 +284,7 @@ class Simulation(Regrowing):
     max_regrows: int = 10
     every: int = 1
     check: bool = True
+    consume_list: bool = False
     _compiled: set = dataclasses.field(default_factory=set, repr=False)  # chunk layouts built
 
     def _rebuild(self, state):
@@ -308,7 +312,10 @@ class Simulation(Regrowing):
         self._compile_once(n_steps, *jax.tree.map(  # for arrays as the calls' (committed)
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where),
             (self.state, self.nbrs)))  # fmt: skip
-        state, nbrs = jax.device_put((self.state, self.nbrs), where, may_alias=False)
+        keep = self.nbrs._replace(idx=None) if self.consume_list else self.nbrs
+        state, nbrs = jax.device_put((self.state, keep), where, may_alias=False)
+        if self.consume_list:
+            nbrs = nbrs._replace(idx=self.nbrs.idx)
         done, resume = 0, False
         while True:
             state, nbrs, k, pending = steps(state, nbrs, np.int32(n_steps - done), np.bool_(resume))
@@ -322,13 +329,13 @@ class Simulation(Regrowing):
         return lean["energy"](self.space, self.pot, state, nbrs), nbrs
 
     def _compile_once(self, n_steps: int, state, nbrs) -> None:
-        """Compile the chunk's time steps (``lowered``) ahead of their first call, handing the
+        """Compile the chunk's programs (``lowered``) ahead of their first call, handing the
         compiler's freed memory back before the chunk's buffers exist (in.lj: -70 MiB peak
-        RSS); the call finds the compiled program (the lean ones compile at their first)."""
+        RSS); the calls find the compiled programs."""
         key = (self.ensemble, self.spec, row_block(self.state.position), self.every,
                self.check, self.placement is None)  # fmt: skip
-        if key not in self._compiled:
-            for low in self.lowered(n_steps, lean=False, state=state, nbrs=nbrs).values():
+        if key not in self._compiled:  # the lean ones too: their compilations do not stack
+            for low in self.lowered(n_steps, lean=True, state=state, nbrs=nbrs).values():
                 low.compile()
                 release_free_memory()
             self._compiled.add(key)
@@ -442,29 +449,12 @@ class Simulation(Regrowing):
                 "step": int(to_host(s.step))}  # fmt: skip
 
 
-def make_simulation(
-    space: Space,
-    pot: PairPotential,
-    position,
-    velocity,
-    *,
-    mass=1.0,
-    valid=None,
-    key=None,
-    dt: float,
-    ensemble: str = "nve",
-    kt: float = 0.0,
-    gamma: float = 0.0,
-    skin: float = 0.3,
-    step: int = 0,
-    max_neighbors: int | None = None,
-    column_capacity: int | None = None,
-    capacity_factor: float = 1.2,
-    all_pairs: bool = False,
-    placement=None,
-    every: int = 1,
-    check: bool = True,
-) -> Simulation:
+def make_simulation(space: Space, pot: PairPotential, position, velocity, *, mass=1.0,
+                    valid=None, key=None, dt: float, ensemble: str = "nve", kt: float = 0.0,
+                    gamma: float = 0.0, skin: float = 0.3, step: int = 0,
+                    max_neighbors: int | None = None, column_capacity: int | None = None,
+                    capacity_factor: float = 1.2, all_pairs: bool = False, placement=None,
+                    every: int = 1, check: bool = True) -> Simulation:  # fmt: skip
     """Set up a run: allocate the neighbour list and compute the step-0 forces.
 
     Args:
