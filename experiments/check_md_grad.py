@@ -30,17 +30,7 @@ import math
 import sys
 import time
 
-from simpar.benchmark import ScriptParser, int_in
-
-
-def _meshes(text):
-    try:
-        out = [tuple(int(m) for m in part.lower().split("x")) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must look like 2x4,2x2x2,8, got {text!r}") from None
-    if any(not 1 <= len(m) <= 3 or min(m) < 1 for m in out):
-        raise argparse.ArgumentTypeError(f"each mesh needs 1 to 3 positive sizes, got {text!r}")
-    return out
+from simpar.benchmark import ScriptParser, int_in, mesh_arg
 
 
 def lj_sf(r2, p):
@@ -61,11 +51,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = ScriptParser(prog="check_md_grad.py", description=__doc__.split("\n")[0])
     ap.add_argument("--cells", type=int_in(2, 64), nargs=3, default=[10, 10, 10])
     ap.add_argument("--steps", type=int_in(1, 100000), nargs="+", default=[10, 100, 1000])
-    ap.add_argument("--meshes", type=_meshes, default=_meshes("2x4,2x2x2,8"))
+    ap.add_argument("--meshes", type=mesh_arg, nargs="+", default=[(2, 4), (2, 2, 2), (8,)],
+                    help="device grids of the decomposed engines, e.g. 2x4 2x2x2 8")  # fmt: skip
     ap.add_argument("--engines", nargs="+", choices=["pmap", "shard_map"], default=["shard_map"])
     ap.add_argument("--devices", type=int_in(0, 4096), default=8, help="virtual CPU devices")
     ap.add_argument("--checkpoint", type=int_in(1), default=10, help="steps per remat chunk")
     ap.add_argument("--fd-step", type=float, default=1e-6, help="relative FD step")
+    ap.add_argument("--fd-max-steps", type=int_in(0), default=100,
+                    help="central differences only up to this horizon (beyond it the "
+                         "gradient is ill-conditioned, see the separation growth)")  # fmt: skip
+    ap.add_argument("--separation-steps", type=int_in(1, 100000), nargs="*", default=[],
+                    help="extra horizons (forward runs only) at which the growth of a 1e-10 "
+                         "separation is measured, besides every --steps")  # fmt: skip
     ap.add_argument("--potential", choices=["lj", "lj_sf"], default="lj",
                     help="lj: truncated at 2.5 (the force jumps there); lj_sf: shifted force "
                          "(energy and force continuous at the cutoff)")  # fmt: skip
@@ -99,6 +96,7 @@ def main(argv=None):
         pot = potentials.lennard_jones(cutoff=2.5)
     else:
         pot = potentials.pair(lj_sf, 2.5, {"epsilon": 1.0, "sigma": 1.0})
+    box = np.asarray(spc.box)
 
     def grads(engine, mesh, steps):
         run = D.rollout(engine, spc, pot, r, v, n_steps=steps, dt=0.005, mesh=mesh,
@@ -123,7 +121,26 @@ def main(argv=None):
         a, b = np.asarray(a), np.asarray(b)
         return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-300))
 
-    lyap = []
+    d0 = jax.random.normal(jax.random.PRNGKey(5), r.shape, r.dtype)
+    d0 = 1e-10 * d0 / jnp.linalg.norm(d0)  # two starts 1e-10 apart (Euclidean, all 3N)
+
+    def separation(steps):
+        """|x'(T) - x(T)| / |x'(0) - x(0)| (minimum image) and the same for velocities
+        (per unit start separation) on ``single``: the trajectory's Lyapunov growth."""
+        run = jax.jit(D.rollout("single", spc, pot, r, v, n_steps=steps, dt=0.005))
+        a, b = run(pot, r, v), run(pot, r + d0, v)
+        dx = np.asarray(b.position) - np.asarray(a.position)
+        dx -= box * np.round(dx / box)
+        dv = np.asarray(b.velocity) - np.asarray(a.velocity)
+        return float(np.linalg.norm(dx) / 1e-10), float(np.linalg.norm(dv) / 1e-10)
+
+    lyap, sep = [], {}
+    for steps in sorted(set(args.separation_steps) - set(args.steps)):
+        sx, sv = separation(steps)
+        sep[steps] = sx
+        print(json.dumps({"separation": {"steps": steps, "time": steps * 0.005,
+                                         "position_growth": sx, "velocity_growth": sv}}),
+              flush=True)  # fmt: skip
     for steps in args.steps:
         vg, val, traj, g, wall, tail = grads("single", (1,), steps)
         rec = {"engine": "single", "mesh": [1], "atoms": n, "steps": steps, "loss": val,
@@ -132,20 +149,24 @@ def main(argv=None):
                         "sigma": float(g[0].params["sigma"]),
                         "x0_norm": float(jnp.linalg.norm(g[1])),
                         "v0_norm": float(jnp.linalg.norm(g[2]))}}  # fmt: skip
-        fd = {}
-        for name in ("epsilon", "sigma"):
-            x = float(pot.params[name])
-            h = args.fd_step * x
+        if steps <= args.fd_max_steps:
+            fd = {}
+            for name in ("epsilon", "sigma"):
+                x = float(pot.params[name])
+                h = args.fd_step * x
 
-            def f(val, name=name, vg=vg):
-                p = dataclasses.replace(pot, params={**pot.params, name: jnp.asarray(val)})
-                return float(vg(p, r, v)[0][0])
+                def f(val, name=name, vg=vg):
+                    p = dataclasses.replace(pot, params={**pot.params, name: jnp.asarray(val)})
+                    return float(vg(p, r, v)[0][0])
 
-            d = (f(x + h) - f(x - h)) / (2 * h)
-            fd[name] = {"fd": d, "rel_err": abs(float(g[0].params[name]) - d) / abs(d)}
-        rec["finite_differences"] = fd
+                d = (f(x + h) - f(x - h)) / (2 * h)
+                fd[name] = {"fd": d, "rel_err": abs(float(g[0].params[name]) - d) / abs(d)}
+            rec["finite_differences"] = fd
         gx = jax.jit(jax.grad(tail))(r)
         rec["lyapunov_grad_norm"] = float(jnp.linalg.norm(gx))
+        sx, sv = separation(steps)
+        sep[steps] = sx
+        rec["separation_growth"] = {"position": sx, "velocity": sv}
         lyap.append((steps * 0.005, rec["lyapunov_grad_norm"]))
         print(json.dumps(rec), flush=True)
         ref = g
@@ -155,16 +176,29 @@ def main(argv=None):
                 names = ["epsilon", "sigma", "x0", "v0"]
                 leaves = [dg[0].params["epsilon"], dg[0].params["sigma"], dg[1], dg[2]]
                 refs = [ref[0].params["epsilon"], ref[0].params["sigma"], ref[1], ref[2]]
+                fwd = {k: bool(np.array_equal(np.asarray(getattr(dtraj, k)),
+                                              np.asarray(getattr(traj, k))))
+                       for k in ("position", "velocity", "kinetic")}  # fmt: skip
                 out = {"engine": engine, "mesh": list(mesh), "atoms": n, "steps": steps,
                        "loss_rel_diff": abs(dval - val) / abs(val),
+                       "forward_bitwise_equal": fwd,
+                       "forward_max_abs_diff": {
+                           k: float(np.max(np.abs(np.asarray(getattr(dtraj, k))
+                                                  - np.asarray(getattr(traj, k)))))
+                           for k in ("position", "velocity")},
                        "builds": int(dtraj.builds), "wall_s": round(dwall, 1),
                        "grad_rel_diff_vs_single": {k: rel(a, b) for k, a, b in
                                                    zip(names, leaves, refs, strict=True)}}  # fmt: skip
                 print(json.dumps(out), flush=True)
-    summary = {"lyapunov_norms": [{"time": t, "grad_norm": x} for t, x in lyap]}
+    summary = {"lyapunov_norms": [{"time": t, "grad_norm": x} for t, x in lyap],
+               "separation_growth": [{"time": s * 0.005, "position": x}
+                                     for s, x in sorted(sep.items())]}  # fmt: skip
     if len(lyap) > 1:
         t, x = np.array(lyap).T
         summary["lyapunov_exponent_fit"] = float(np.polyfit(t, np.log(x), 1)[0])
+    if len(sep) > 1:
+        t, x = np.array([(s * 0.005, x) for s, x in sorted(sep.items())]).T
+        summary["separation_exponent_fit"] = float(np.polyfit(t, np.log(x), 1)[0])
     print(json.dumps({"summary": summary}), flush=True)
 
 
