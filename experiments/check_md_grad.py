@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import platform
 import sys
 import time
 
@@ -67,6 +69,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="lj: truncated at 2.5 (the force jumps there); lj_sf: shifted force "
                          "(energy and force continuous at the cutoff)")  # fmt: skip
     ap.add_argument("--single-only", action="store_true", help="no decomposed engines")
+    ap.add_argument("--fma", action="store_true",
+                    help="keep fused multiply-add (default off on x86, as in the tests: with "
+                         "it the engines' forward runs differ from single's by a rounding, "
+                         "which the trajectory's Lyapunov growth amplifies)")  # fmt: skip
     args = ap.parse_args(argv)
     most = max(math.prod(m) for m in args.meshes)
     if args.devices and most > args.devices:
@@ -78,6 +84,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None):
     args = parse_args(argv)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if not args.fma and platform.machine().lower() in ("x86_64", "amd64") and (
+        "xla_cpu_max_isa" not in flags
+    ):  # before JAX starts: no FMA, every engine's forward run bitwise equal to single's
+        os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_max_isa=AVX").strip()
+    print(json.dumps({"xla_flags": os.environ.get("XLA_FLAGS", "")}), flush=True)
     from simpar.benchmark import start_jax
 
     jax = start_jax(args.devices)
