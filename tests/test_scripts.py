@@ -1,6 +1,7 @@
 """The research scripts are as safe as the command line (issue 17 item 5).
 
-``experiments/train_surrogate.py`` and ``experiments/inverse_heat.py`` refuse every bad
+``experiments/train_surrogate.py``, ``experiments/inverse_heat.py`` and the MD gradient
+scripts (``check_md_grad.py``, ``bench_md_grad.py``) refuse every bad
 argument with exit code 2 and one line on stderr naming the option (no usage block, no
 traceback), before JAX compiles anything; ``--data PATH`` never replaces an existing file
 without ``--overwrite``.
@@ -56,6 +57,12 @@ BAD = [
     ("inverse_heat.py", ["--memory", "--chunk", "0"], "--chunk"),
     ("inverse_heat.py", ["--memory", "--chunk", "30"], "multiple of --chunk 30"),
     ("inverse_heat.py", ["--memory", "--shape", "65536", "65536"], "GiB"),
+    ("check_md_grad.py", ["--meshes", "2x4", "2x"], "--meshes"),
+    ("check_md_grad.py", ["--meshes", "4x4"], "--meshes need 16 devices"),
+    ("check_md_grad.py", ["--fd-max-steps", "-1"], "--fd-max-steps"),
+    ("check_md_grad.py", ["--fd-step", "0.5"], "--fd-step"),
+    ("bench_md_grad.py", ["--steps", "30", "--chunk", "25"], "multiple of --chunk 25"),
+    ("bench_md_grad.py", ["--mesh", "0x4"], "--mesh"),
 ]
 
 
