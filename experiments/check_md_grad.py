@@ -7,17 +7,23 @@ and on every ``--engines`` x ``--meshes`` through ``simpar.particles.differentia
 (chunks of ``--checkpoint`` steps under ``jax.checkpoint``). The loss is the mean kinetic
 energy over the run plus the final pair energy and ``w . v(T)`` (fixed random ``w``); its
 gradient with respect to (epsilon, sigma, x0, v0) is compared leaf by leaf, as
-``max |g - g_single| / max |g_single|``. On ``single`` the epsilon and sigma derivatives are
-compared with central differences (relative step ``--fd-step``), and the norm of
-``d(w . v(T)) / d x0`` is recorded: it grows like ``exp(lambda T)``, the trajectory's largest
-Lyapunov exponent, which is what makes long-horizon gradients ill-conditioned.
+``max |g - g_single| / max |g_single|``, and the final positions and velocities of the forward
+run are checked for bitwise equality with ``single``'s (FMA is off on x86 as in the tests,
+``--fma`` keeps it). On ``single`` the epsilon and sigma derivatives are compared with central
+differences (relative step ``--fd-step``) up to ``--fd-max-steps``, and two measures of the
+conditioning are recorded: the norm of ``d(w . v(T)) / d x0`` and the growth
+``|x'(T) - x(T)| / 1e-10`` of two forward runs started 1e-10 apart (at every ``--steps`` and
+``--separation-steps``). Both grow like ``exp(lambda T)``, the trajectory's largest Lyapunov
+exponent, which is what makes long-horizon gradients ill-conditioned.
 
 Prints one JSON object per line (a record per engine, mesh and horizon) and a final summary
-line ``{"summary": ...}`` with the fitted Lyapunov exponent.
+line ``{"summary": ...}`` with the fitted exponents.
 
-Run (2 CPU cores, loaded: 4,000 atoms x 10 and 100 steps on three meshes ~15 min):
-    python experiments/check_md_grad.py --steps 10 100
-    python experiments/check_md_grad.py --steps 1000 --meshes 2x4 --engines shard_map
+Run (2 CPU cores, load 10-19: 4,000 atoms x 1,000 steps on three meshes and two engines
+~45 min; 10, 100 and 300 steps on three meshes ~40 min):
+    python experiments/check_md_grad.py --steps 1000 --separation-steps 10 100 300 \
+        --meshes 2x4 2x2x2 8 --engines shard_map pmap
+    python experiments/check_md_grad.py --steps 10 100 300 --fd-max-steps 100
     python experiments/check_md_grad.py --steps 10 100 --potential lj_sf --single-only
 Bad arguments exit 2 with one line before JAX starts.
 """
