@@ -21,7 +21,8 @@ process, which compiles ``jax.grad`` of a loss of the run
 Prints one JSON object per case, then ``{"summary": ...}`` with the peak memory by steps, the
 slope of the peak per kept checkpoint and the costs.
 
-Run (2 CPU cores, loaded; the issue's 32,000 atoms x 1,000 steps, ~1 h in all):
+Run (2 CPU cores; the issue's 32,000 atoms x 100, 300, 1,000 steps: ~40 min at load 11-19,
+~20 min at load 5):
     python experiments/bench_md_grad.py --cells 20 20 20 --steps 100 300 1000 --chunk 25 --plain-max 0
     python experiments/bench_md_grad.py --cells 8 8 8 --steps 25 50 100 --chunk 25
 Bad arguments exit 2 with one line before JAX starts.
