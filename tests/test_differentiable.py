@@ -199,3 +199,44 @@ def test_value_and_grad_raises_on_error_bits():
     with pytest.raises(SimulationError, match="ghost"):
         D.value_and_grad(loss)(1.0)
     assert D.value_and_grad(lambda x: (2.0 * x, bad._replace(error=jnp.int32(0))))(1.0)[1] == 2.0
+
+
+@pytest.mark.slow
+def test_reused_capacities_give_the_same_run_bit_for_bit(single_nve):
+    """``rollout(..., capacities=run.capacities)`` skips the forward sizing run and gives
+    the same trajectory and gradients bit for bit: ``single`` (value and gradients) and
+    shard_map (2, 2, 2) (the forward trajectory); capacities of another mesh are refused."""
+    spc, r, v = _system()
+    pot = potentials.lennard_jones(cutoff=2.0)
+    w = jax.random.normal(jax.random.PRNGKey(2), r.shape, r.dtype)
+    again = D.rollout("single", spc, pot, r, v, n_steps=STEPS, dt=DT, checkpoint=10,
+                      capacities=single_nve["run"].capacities)  # fmt: skip
+    assert again.capacities == single_nve["run"].capacities
+
+    def loss(p, x, u):
+        t = again(p, x, u)
+        return _loss(t, w), t
+
+    (val, traj), g = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(pot, r, v)
+    assert float(val) == float(single_nve["value"])
+    for a, b in zip(jax.tree.leaves((traj, g)),
+                    jax.tree.leaves((single_nve["traj"], single_nve["grads"])), strict=True):  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    sized = D.rollout("shard_map", spc, pot, r, v, n_steps=STEPS, dt=DT, mesh=(2, 2, 2))
+    reused = D.rollout("shard_map", spc, pot, r, v, n_steps=STEPS, dt=DT, mesh=(2, 2, 2),
+                       capacities=sized.capacities)  # fmt: skip
+    a, b = jax.jit(sized)(pot, r, v), jax.jit(reused)(pot, r, v)
+    assert int(a.error) == 0
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    with pytest.raises(ValueError, match="mesh"):
+        D.rollout("shard_map", spc, pot, r, v, n_steps=STEPS, dt=DT, mesh=(8,),
+                  capacities=sized.capacities)  # fmt: skip
+
+
+def test_capacities_of_another_engine_kind_are_refused(single_nve):
+    """A one-device list layout given to a decomposed rollout: ValueError before any run."""
+    spc, r, v = _system()
+    with pytest.raises(ValueError, match="DomainSpec"):
+        D.rollout("shard_map", spc, potentials.lennard_jones(cutoff=2.0), r, v, n_steps=STEPS,
+                  dt=DT, mesh=(2, 2, 2), capacities=single_nve["run"].capacities)  # fmt: skip

@@ -1,8 +1,10 @@
 """The research scripts are as safe as the command line (issue 17 item 5).
 
-``experiments/train_surrogate.py``, ``experiments/inverse_heat.py`` and
-``experiments/fit_lj_to_lammps.py`` refuse every bad argument with exit code 2 and one line on
-stderr naming the option (no usage block, no traceback), before JAX compiles anything; ``--data PATH`` never replaces an existing file
+``experiments/train_surrogate.py``, ``experiments/inverse_heat.py``,
+``experiments/fit_lj_to_lammps.py`` and the MD gradient scripts (``check_md_grad.py``,
+``bench_md_grad.py``) refuse every bad argument with exit code 2 and one line on stderr naming
+the option (no usage block, no traceback), before JAX compiles anything; ``--data PATH`` never
+replaces an existing file
 without ``--overwrite``.
 """
 
@@ -65,6 +67,12 @@ BAD = [
     ("fit_lj_to_lammps.py", ["--start", "0.8", "2.0"], "--start"),
     ("fit_lj_to_lammps.py", ["--seed", "-1"], "--seed"),
     ("fit_lj_to_lammps.py", ["--devices", "-1"], "--devices"),
+    ("check_md_grad.py", ["--meshes", "2x4", "2x"], "--meshes"),
+    ("check_md_grad.py", ["--meshes", "4x4"], "--meshes need 16 devices"),
+    ("check_md_grad.py", ["--fd-max-steps", "-1"], "--fd-max-steps"),
+    ("check_md_grad.py", ["--fd-step", "0.5"], "--fd-step"),
+    ("bench_md_grad.py", ["--steps", "30", "--chunk", "25"], "multiple of --chunk 25"),
+    ("bench_md_grad.py", ["--mesh", "0x4"], "--mesh"),
 ]
 
 

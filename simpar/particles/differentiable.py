@@ -37,12 +37,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from simpar.parallel.ghosts import distribute
 from simpar.parallel import mapping
-from simpar.parallel.mapping import SLOTS
+from simpar.parallel.ghosts import distribute
+from simpar.parallel.mapping import SLOTS, Mapping
 from simpar.particles import decomposed, error_codes, md, neighbors, observables
 from simpar.particles.decomposed import DomainState
 from simpar.particles.decomposed_sim import make_domain_simulation
+from simpar.particles.domain_spec import DomainSpec
 from simpar.particles.forces import pair_forces
 from simpar.particles.space import Space, wrap
 from simpar.particles.step import md_step
@@ -196,12 +197,11 @@ def _domain_block(ensemble, spec, comm, n_steps, checkpoint):
     return block
 
 
-def _domain_run(sim, ensemble, n_steps, checkpoint, key):
-    """The pure run of a decomposed engine laid out like ``sim`` (a sized
-    ``DomainSimulation``): the host fixes which atom sits in which slot at the start (from
+def _domain_run(spec, mapper, ensemble, n_steps, checkpoint, key):
+    """The pure run of a decomposed engine laid out by ``spec`` (sized by a forward run)
+    on ``mapper``'s devices: the host fixes which atom sits in which slot at the start (from
     the sizing run's initial positions); the traced positions and velocities are gathered
     into those slots, and atoms outside their sub-box migrate at the first step."""
-    spec, mapper = sim.spec, sim.mapper
     n_dev = spec.grid.size
     program = mapper.map(_domain_block(ensemble, spec, mapper.comm, n_steps, checkpoint),
                          (SLOTS,) * 5, SLOTS)
@@ -238,7 +238,7 @@ def _domain_run(sim, ensemble, n_steps, checkpoint, key):
 def rollout(engine: str, space: Space, pot, position, velocity, *, n_steps: int, dt: float,
             ensemble: str = "nve", kt: float = 0.0, gamma: float = 0.0, key=None, mass=1.0,
             mesh=(1,), skin: float = 0.3, checkpoint: int | None = None,
-            capacity_factor: float = 1.3, devices=None) -> Callable:  # fmt: skip
+            capacity_factor: float = 1.3, devices=None, capacities=None) -> Callable:  # fmt: skip
     """A differentiable MD run of ``n_steps`` steps on ``engine``, sized on the host.
 
     Args:
@@ -252,15 +252,20 @@ def rollout(engine: str, space: Space, pot, position, velocity, *, n_steps: int,
       skin: Verlet skin (sigma); checkpoint: steps per rematerialised chunk (None: none).
       capacity_factor: head-room of the capacities over the sizing run's needs.
       devices: devices of the decomposed engines (default the first ``prod(mesh)``).
+      capacities: ``run.capacities`` of an earlier ``rollout`` of the same engine kind
+        (one-device or decomposed), mesh, space and atom count: reused as they are, with no
+        forward sizing run (the steps, ensemble, checkpoint and start may differ; a start
+        that needs more room sets ``Trajectory.error``, as any overflow).
 
     Returns:
       ``run(pot, position, velocity, params=None) -> Trajectory``, pure and jittable;
       ``params``: ``md.MDParams`` (default those of ``dt``, ``kt``, ``gamma``). Outputs and
       gradients are NaN when ``Trajectory.error`` is set (``check`` raises then).
+      ``run.capacities`` holds the sized layout (a ``NeighborSpec`` or ``DomainSpec``).
 
     Raises:
-      ValueError: an unknown engine; ConfigError: a mesh too fine for the box (as the
-        forward engines).
+      ValueError: an unknown engine, or ``capacities`` of another engine kind, mesh or
+        atom count; ConfigError: a mesh too fine for the box (as the forward engines).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -274,9 +279,12 @@ def rollout(engine: str, space: Space, pot, position, velocity, *, n_steps: int,
     params0 = md.make_params(dt, kt, gamma, dtype=dtype)
     cutoff = float(pot.cutoff)  # the lists' radius is cutoff + skin from here on
     if mapping.kind(engine).one_device:
-        sim = md.make_simulation(space, pot, position, velocity, **kw)
-        sim.advance(n_steps)  # sizing: the list's capacities grow until nothing overflows
-        spec = sim.spec
+        if capacities is None:
+            sim = md.make_simulation(space, pot, position, velocity, **kw)
+            sim.advance(n_steps)  # sizing: the list's capacities grow until nothing overflows
+            spec = sim.spec
+        else:
+            spec = _reused(capacities, neighbors.NeighborSpec, n, "capacity")
         valid = jnp.ones(n, bool)
         body = _single_run(ensemble, spec, n_steps, checkpoint, mass, valid, key)
 
@@ -284,23 +292,44 @@ def rollout(engine: str, space: Space, pot, position, velocity, *, n_steps: int,
             t = body(space, pot, position, velocity, params0 if params is None else params)
             return _guard(t, pot, cutoff)
 
+        run.capacities = spec
         return run
-    sim = make_domain_simulation(engine, mesh, space, pot, position, velocity, devices=devices,
-                                 **kw)  # fmt: skip
-    sim.advance(n_steps)
-    host, _ = distribute(sim.spec, np.asarray(space.box), {
+    if capacities is None:
+        sim = make_domain_simulation(engine, mesh, space, pot, position, velocity,
+                                     devices=devices, **kw)  # fmt: skip
+        sim.advance(n_steps)
+        spec, mapper = sim.spec, sim.mapper
+    else:
+        spec = _reused(capacities, DomainSpec, n, "n_atoms")
+        if tuple(spec.grid.shape) != tuple(int(m) for m in mesh):
+            raise ValueError(f"capacities were sized on mesh {spec.grid.shape}, not {mesh}")
+        devices = list(jax.devices() if devices is None else devices)[: spec.grid.size]
+        mapper = Mapping(engine, spec.grid, devices)
+    host, _ = distribute(spec, np.asarray(space.box), {
         "position": np.asarray(wrap(space, position)), "velocity": np.asarray(velocity),
         "force": np.zeros((n, 3), dtype), "ref_position": np.asarray(wrap(space, position)),
         "mass": np.broadcast_to(np.asarray(mass, dtype), (n,)),
     }, 0, key)  # fmt: skip
     layout = ({"ids": host["ids"]}, jnp.broadcast_to(jnp.asarray(mass, dtype), (n,)))
-    body = _domain_run(sim, ensemble, n_steps, checkpoint, key)
+    body = _domain_run(spec, mapper, ensemble, n_steps, checkpoint, key)
 
     def run(pot, position, velocity, params=None):
         t = body(space, pot, position, velocity, params0 if params is None else params, layout)
         return _guard(t, pot, cutoff)
 
+    run.capacities = spec
     return run
+
+
+def _reused(spec, kind, n: int, field: str):
+    """``spec`` (``run.capacities`` of an earlier rollout) checked against the engine kind
+    and the atom count."""
+    if not isinstance(spec, kind):
+        raise ValueError(f"capacities must be the run.capacities of a rollout on this kind of "
+                         f"engine (a {kind.__name__}), got {type(spec).__name__}")  # fmt: skip
+    if getattr(spec, field) != n:
+        raise ValueError(f"capacities were sized for {getattr(spec, field)} atoms, not {n}")
+    return spec
 
 
 def _guard(t: Trajectory, pot, cutoff: float) -> Trajectory:
