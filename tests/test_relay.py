@@ -143,7 +143,7 @@ def test_service_helper_serves_through_the_relay_and_cleans_up():
     inodes = {
         os.readlink(f).strip("socket:[]") for f in fds.iterdir() if "socket:" in os.readlink(f)
     }
-    folders = [  # the helper's listening Unix socket: /tmp/simpar-XXXX/service
+    folders = [  # the helper's listening Unix socket: a simpar-XXXX folder in the temp dir
         cols[7]
         for cols in (line.split() for line in open("/proc/net/unix").read().splitlines()[1:])
         if len(cols) == 8 and cols[6] in inodes and "/simpar-" in cols[7]
