@@ -169,6 +169,86 @@ def compact_words(mask, m, picks=()):
     return src, total, picked
 
 
+def _cmp(lo, hi):
+    """The compare-exchange of two equal slabs: (elementwise min, elementwise max)."""
+    return jnp.minimum(lo, hi), jnp.maximum(lo, hi)
+
+
+def _clean(y, length: int):
+    """Half-cleaners of a bitonic network over ``length`` (a power of two) entries along
+    axis 0, of which ``y`` holds the first ``y.shape[0]``: the others are +infinity, so the
+    comparisons with them (no-ops) are skipped. Returns the ``y.shape[0]`` entries sorted."""
+    n = y.shape[0]
+    if length == 1 or n == 0:
+        return y
+    h = length // 2
+    if n <= h:  # every partner is infinite
+        return _clean(y, h)
+    if n == length:  # all real: the passes as reshapes of the whole slab
+        j = h
+        while j >= 1:
+            z = y.reshape((length // (2 * j), 2, j) + y.shape[1:])
+            lo, hi = _cmp(z[:, 0], z[:, 1])
+            y = jnp.stack([lo, hi], axis=1).reshape(y.shape)
+            j //= 2
+        return y
+    r = n - h
+    lo, hi = _cmp(y[:r], y[h:])
+    return jnp.concatenate([_clean(jnp.concatenate([lo, y[r:h]]), h), _clean(hi, h)])
+
+
+def _sort(y):
+    """``y`` sorted along axis 0 by a bitonic network, padded implicitly with +infinity to
+    the next power of two (the comparisons with the padding skipped)."""
+    n = y.shape[0]
+    if n <= 1:
+        return y
+    length = 1 << (n - 1).bit_length()
+    h = length // 2
+    if n == length:  # merge sorted runs of k // 2 into runs of k (first step: t against
+        k = 2  # k - 1 - t, so every run comes out ascending), as reshapes of the whole slab
+        while k <= n:
+            z = y.reshape((n // k, k) + y.shape[1:])
+            lo, hi = _cmp(z[:, : k // 2], z[:, k // 2 :][:, ::-1])
+            y = jnp.concatenate([lo, hi[:, ::-1]], axis=1).reshape(y.shape)
+            y = _clean_runs(y, k)
+            k *= 2
+        return y
+    a, b = _sort(y[:h]), _sort(y[h:])
+    r = n - h  # a[t] against b[h - 1 - t]: the b's past its end are infinite
+    lo, hi = _cmp(a[h - r :], b[::-1])
+    return jnp.concatenate([_clean(jnp.concatenate([a[: h - r], lo]), h), _clean(hi[::-1], h)])
+
+
+def _clean_runs(y, k: int):
+    """The half-cleaners (strides k / 4 .. 1) of every run of ``k`` entries of ``y``."""
+    j = k // 4
+    while j >= 1:
+        z = y.reshape((y.shape[0] // (2 * j), 2, j) + y.shape[1:])
+        lo, hi = _cmp(z[:, 0], z[:, 1])
+        y = jnp.stack([lo, hi], axis=1).reshape(y.shape)
+        j //= 2
+    return y
+
+
+def sort_rows(x, bound: int | None = None):
+    """``jnp.sort(x, axis=1)`` of int32[B, M] ``x`` by a bitonic sorting network.
+
+    The network runs on the transpose (M, B), so that every compare-exchange is an
+    elementwise min / max of two contiguous (.., B) slabs: XLA:CPU vectorises it across
+    the rows, where its sort compares one row's elements one after another (in.lj, float64,
+    one pinned core: the rows' sort 32 -> 9 ms of the build). M need not be a power of two:
+    the network is padded implicitly with +infinity and the comparisons with the padding
+    are skipped (a padding materialised in the (B, M) producer's fusion kept XLA from
+    vectorising the compaction feeding it: the build took 1.2x longer than with
+    ``jnp.sort``). With ``bound`` (static) < 2**16, entries in ``[0, bound]``, the network
+    runs on uint16 (twice the lanes per vector). Exact for integers.
+    """
+    narrow = bound is not None and 0 <= bound < 2**16
+    y = x.astype(jnp.uint16) if narrow else x
+    return _sort(y.T).T.astype(x.dtype)
+
+
 def split_words(n: int) -> tuple[int, int]:
     """(words, slots per word) covering ``n`` slots with at most 32 per word."""
     w = max(-(-n // 32), 1)

@@ -257,9 +257,9 @@ def build(
         got = locate(src, picked)
         have = src < sidx.shape[1] * sidx.shape[2]
         if by_id is None:  # each row sorted here, in its block: no whole-list temporaries
-            idx = jnp.sort(jnp.where(have, order[got], n), axis=1)  # n: last
+            idx = cells.sort_rows(jnp.where(have, order[got], n), n)  # n: last
         else:  # by id rank (the sentinel's rank is n), one gather through ``rank[order]``
-            idx = by_id[jnp.sort(jnp.where(have, rank_of_sorted[got], n), axis=1)]
+            idx = by_id[cells.sort_rows(jnp.where(have, rank_of_sorted[got], n), n)]
         if spec.cells is None:
             col = jnp.int32(0)
         else:
