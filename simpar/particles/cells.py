@@ -1,7 +1,8 @@
-"""Cell binning for neighbour lists: particles sorted by cell, so that each column of
-``2 * reach + 1`` cells along z is a contiguous range of the sorted order
-(``neighbors.build`` reads its candidates from these ranges), and the compaction of the
-candidates that pass the distance filter into rows (``compact_words``).
+"""Cell binning for neighbour lists: particles sorted by cell, with periodic images along z
+(``bin_cells``), so that each column of ``2 * reach + 1`` cells along z is one contiguous
+range of the sorted order (``row_columns``; ``neighbors.build`` reads its candidates from
+these ranges), the compaction of the candidates that pass the distance filter into rows
+(``compact_words``) and the rows' sort (``sort_rows``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,14 @@ def stable_order(key, bound: int):
     return jnp.sort(jnp.left_shift(key.astype(jnp.int32), bits) | slot) & ((1 << bits) - 1)
 
 
-def column_ranges(spec, space: Space, r, valid):
-    """Particles binned into ``spec.cells`` and the candidate columns of the rows.
+def bin_cells(spec, space: Space, r, valid):
+    """Particles binned into ``spec.cells``, sorted by cell, with the periodic images that
+    make every candidate column one contiguous range (``row_columns``).
+
+    The grid is padded along z with ``spec.reach`` cells on each side; where z wraps
+    (periodic, or ``spec.wrap[2]``) the padding holds copies of the cells at the other end,
+    so a column that crosses the box edge along z reads one range instead of two (main
+    split each such column in two ranges and picked between them per candidate).
 
     Args:
       spec: a ``neighbors.NeighborSpec`` with ``cells`` (its ``periodic``, ``origin``,
@@ -44,15 +51,15 @@ def column_ranges(spec, space: Space, r, valid):
       r: float[N, 3] positions binned (sigma); valid: bool[N] occupied slots.
 
     Returns:
-      (order, s_a, len_a, s_b, len_b): int32[N] the slots sorted by cell (stable; empty
-      slots last), and for each row (the first ``spec.rows`` particles, or all: a domain
-      block's ghosts are binned but searched from by nobody) int32[R, (2 * reach + 1)**2]
-      the start and length in that order of each candidate column (``_b``: the part that
-      wraps around z).
+      (order, start, c): int32[K] the copies sorted by cell (stable; copy ``q`` is slot
+      ``q % N``, the slot itself for ``q < N``; K = 3N where z wraps, else N; empty slots and
+      unused copies last), int32[cells + 1] the start of each padded cell in that order,
+      int32[R, 3] the cells of the rows (the first ``spec.rows`` particles, or all).
     """
     nx, ny, nz = spec.cells
-    ncell = nx * ny * nz
     k = spec.reach
+    nze = nz + 2 * k
+    ncell = nx * ny * nze
     if spec.periodic:
         box = space.box.astype(r.dtype)
         frac = r / box
@@ -63,18 +70,30 @@ def column_ranges(spec, space: Space, r, valid):
         width = jnp.asarray(spec.width, r.dtype)
         c = jnp.floor((r - origin) / width).astype(jnp.int32)
     c = jnp.clip(c, 0, jnp.asarray(spec.cells, jnp.int32) - 1)
-    cell = (c[:, 0] * ny + c[:, 1]) * nz + c[:, 2]
-    cell = jnp.where(valid, cell, ncell)
-    order = stable_order(cell, ncell + 1)
-    counts = jnp.zeros(ncell + 1, jnp.int32).at[cell].add(1)
+    cell = (c[:, 0] * ny + c[:, 1]) * nze + c[:, 2] + k
+    keys = [jnp.where(valid, cell, ncell)]
+    if spec.periodic or (spec.wrap and spec.wrap[2]):  # z images: the top cells below, ...
+        keys.append(jnp.where(valid & (c[:, 2] < k), cell + nz, ncell))
+        keys.append(jnp.where(valid & (c[:, 2] >= nz - k), cell - nz, ncell))
+    key = jnp.concatenate(keys)
+    order = stable_order(key, ncell + 1)
+    counts = jnp.zeros(ncell + 1, jnp.int32).at[key].add(1)
     start = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)])
-    c = c[: spec.rows or c.shape[0]]
+    return order, start, c[: spec.rows or c.shape[0]]
+
+
+def row_columns(spec, start, c):
+    """Start and length in ``bin_cells``'s order of the candidate columns of rows in cells
+    ``c`` (int32[B, 3]): int32[B, (2 * reach + 1)**2] each (length 0 for a column outside
+    a grid axis that does not wrap). Computed per block of rows while building, so that no
+    (N, columns) arrays are kept (in.lj: the build's temporaries 19.3 -> 2.1 MiB)."""
+    nx, ny, nz = spec.cells
+    k = spec.reach
+    nze = nz + 2 * k
     d = np.arange(-k, k + 1)
-    dx = jnp.asarray(np.repeat(d, d.size), jnp.int32)
-    dy = jnp.asarray(np.tile(d, d.size), jnp.int32)
-    cx = c[:, 0:1] + dx[None]
-    cy = c[:, 1:2] + dy[None]
-    wx, wy, wz = (True,) * 3 if spec.periodic else (spec.wrap or (False,) * 3)
+    cx = c[:, 0:1] + jnp.asarray(np.repeat(d, d.size), jnp.int32)[None]
+    cy = c[:, 1:2] + jnp.asarray(np.tile(d, d.size), jnp.int32)[None]
+    wx, wy, _ = (True,) * 3 if spec.periodic else (spec.wrap or (False,) * 3)
     col_ok = jnp.ones(cx.shape, bool)
     if wx:
         cx = cx % nx
@@ -86,23 +105,9 @@ def column_ranges(spec, space: Space, r, valid):
     else:
         col_ok = col_ok & (cy >= 0) & (cy < ny)
         cy = jnp.clip(cy, 0, ny - 1)
-    base = (cx * ny + cy) * nz  # (N, ncol)
-    lo = (c[:, 2] - k)[:, None]
-    hi = (c[:, 2] + k)[:, None]
-    s_a = start[base + jnp.maximum(lo, 0)]
-    e_a = start[base + jnp.minimum(hi, nz - 1) + 1]
-    len_a = jnp.where(col_ok, e_a - s_a, 0)
-    if wz:
-        below, above = lo < 0, hi > nz - 1
-        b_lo = jnp.where(below, nz + lo, 0)
-        b_hi = jnp.where(below, nz - 1, hi - nz)
-        s_b = start[base + b_lo]
-        e_b = start[base + jnp.clip(b_hi, 0, nz - 1) + 1]
-        len_b = jnp.where((below | above) & col_ok, e_b - s_b, 0)
-    else:
-        s_b = jnp.zeros_like(s_a)
-        len_b = jnp.zeros_like(len_a)
-    return order, s_a, len_a, s_b, len_b
+    lo = (cx * ny + cy) * nze + c[:, 2:3]  # padded cells cz - k + k .. cz + k + k
+    s = start[lo]
+    return s, jnp.where(col_ok, start[lo + 2 * k + 1] - s, 0)
 
 
 def compact_words(mask, m, picks=()):
