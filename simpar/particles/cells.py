@@ -110,6 +110,25 @@ def row_columns(spec, start, c):
     return s, jnp.where(col_ok, start[lo + 2 * k + 1] - s, 0)
 
 
+def column_slices(a, starts, size: int):
+    """``a[starts[..., None] + arange(size)]`` as one gather of contiguous slices.
+
+    XLA:CPU gathers element by element; a gather of (B, C) slices of ``size`` entries
+    copies each slice as one contiguous run (in.lj: the build's candidate positions).
+    Args:
+      a: [K + size] array (padded by the caller, once: XLA would clamp a slice running
+        past the end); starts: int32[B, C] in ``[0, K]``; size: static slice length.
+
+    Returns:
+      [B, C, size] array.
+    """
+    dn = jax.lax.GatherDimensionNumbers(
+        offset_dims=(2,), collapsed_slice_dims=(), start_index_map=(0,)
+    )
+    return jax.lax.gather(a, starts[..., None], dn, (size,),
+                          mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)  # fmt: skip
+
+
 def compact_words(mask, m, picks=()):
     """Positions of the first ``m`` True entries of each row of ``mask``.
 

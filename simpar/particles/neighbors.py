@@ -170,7 +170,7 @@ def build(
                 flat = sidx.reshape(blk, -1)
                 return jnp.take_along_axis(flat, jnp.minimum(src, flat.shape[1] - 1), axis=1)
 
-            return sidx, ok, i, (), locate, None
+            return sidx, ok, i, (), locate, None, lambda a: a[sidx]
 
     else:
         copies, start, crow = cells.bin_cells(
@@ -209,16 +209,22 @@ def build(
                     (p_s,) = picked
                     return p_s + src - (src // (nw * ns)) * (nw * ns)  # + slot in column
 
-            return sidx, ok.reshape(blk, words, ns), i_sorted, picks, locate, ln
+            def fetch(a):  # a[sidx]: one contiguous slice of ``a`` per column
+                return cells.column_slices(a, s0, nw * ns).reshape(sidx.shape)
+
+            return sidx, ok.reshape(blk, words, ns), i_sorted, picks, locate, ln, fetch
 
     rpad, vpad = pad(r), pad(valid)
-    rs_soa = [rs[:, d] for d in range(3)]
+    # padded past the last column's slice (``cells.column_slices``)
+    tail = 0 if spec.cells is None else nw * ns
+    rs_soa = [jnp.concatenate([rs[:, d], jnp.zeros(tail, rs.dtype)]) for d in range(3)]
     images = cell_r is not None and space.periodic
     image_axes = spec.images or tuple(not (spec.wrap and spec.wrap[d]) for d in range(3))
     images = images and any(image_axes)
     if images:  # periodic images: keep the image a candidate stands for, not its copies
         cpad = pad(cell_r)
         cs_soa = [(cell_r if spec.cells is None else cell_r[order])[:, d] for d in range(3)]
+        cs_soa = [jnp.concatenate([x, jnp.zeros(tail, x.dtype)]) for x in cs_soa]
 
     by_id = rank = None
     if ids is not None:
@@ -239,17 +245,17 @@ def build(
         ri, vi = sl(rpad), sl(vpad)
         same = True
         ci = sl(cpad) if images else None
-        sidx, ok, i_sorted, picks, locate, col_len = candidates(blocked)
+        sidx, ok, i_sorted, picks, locate, col_len, fetch = candidates(blocked)
         r2 = jnp.zeros(sidx.shape, r.dtype)
         for d in range(3):  # one coordinate at a time: vectorises better on CPU
-            dx = ri[:, d, None, None] - rs_soa[d][sidx]
+            dx = ri[:, d, None, None] - fetch(rs_soa[d])
             if space.periodic:
                 box = space.box[d].astype(r.dtype)
                 dx = dx - box * jnp.round(dx * (1.0 / box))  # one division, not one per pair
             r2 = r2 + dx * dx
             if images and image_axes[d]:
                 # image and minimum-image displacements differ by 0 or a box length
-                dxi = ci[:, d, None, None] - cs_soa[d][sidx]
+                dxi = ci[:, d, None, None] - fetch(cs_soa[d])
                 same = same & (jnp.abs(dxi - dx) < 0.5 * space.box[d].astype(r.dtype))
         mask = ok & (r2 < rad2) & (sidx != i_sorted[:, None, None]) & same
         if vs is not None:
