@@ -123,13 +123,14 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float, every: int =
     compile_s = time.perf_counter() - t0
     sim.state, sim.nbrs = start
     builds0 = int(sim.nbrs.n_builds)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     done = 0
     while done < 100:
         sim.advance(min(chunk, 100 - done))
         done += min(chunk, 100 - done)
     jax.block_until_ready(sim.state)
     first100 = time.perf_counter() - t0
+    first100_cpu = time.process_time() - c0
     th100 = sim.thermo()
     builds = int(sim.nbrs.n_builds) - builds0
     best = best_chunk(sim, chunk, repeats)
@@ -145,6 +146,7 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float, every: int =
         "steps_per_chunk": chunk,
         "atom_steps_per_s_best_chunk": n * chunk / best,
         "atom_steps_per_s_first_100_steps": n * 100 / first100,
+        "cpu_s_first_100_steps": first100_cpu,
         "neighbor_builds_first_100_steps": builds,
         "max_neighbors": sim.spec.max_neighbors,
         "neighbor_regrows": sim.regrows,
@@ -162,15 +164,15 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float, every: int =
 
 def _split(sim, pot, spc, builds: int, steps: int = 100) -> dict:
     """The neighbour build and the forces of ``sim``'s run, timed apart on its current
-    configuration (each the best of 5 calls of the program the time steps use:
+    configuration (each the best CPU time of 5 calls of the program the time steps use:
     ``neighbors.build``, ``md.pair_forces`` without energy), and scaled to the ``builds``
     rebuilds and ``steps`` force evaluations of the first 100 steps (LAMMPS's Neigh and
     Pair sections)."""
     s, nb = sim.state, sim.nbrs
     build = jax.jit(neighbors.build, static_argnums=0)
     forces = jax.jit(lambda r, idx: md.pair_forces(pot, spc, r, idx, energy=False))
-    b = _best(build, sim.spec, spc, s.position, s.valid)
-    f = _best(forces, s.position, nb.idx)
+    b = _best(build, sim.spec, spc, s.position, s.valid, clock=time.process_time)
+    f = _best(forces, s.position, nb.idx, clock=time.process_time)
     return {"build_s_per_build": b, "build_s": b * builds, "forces_s_per_step": f,
             "forces_s": f * steps}  # fmt: skip
 
@@ -181,13 +183,13 @@ def _system(dtype, cells):
     return r, v, space.periodic(box, dtype), potentials.lennard_jones(cutoff=2.5, dtype=dtype)
 
 
-def _best(fn, *args, repeats=5):
+def _best(fn, *args, repeats=5, clock=time.perf_counter):
     jax.block_until_ready(fn(*args))
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
 
 
@@ -381,6 +383,10 @@ def _vs_lammps(args) -> dict:
                     / lam["atom_steps_per_s"],
                     "builds": {"simpar": s["neighbor_builds_first_100_steps"],
                                "lammps": lam["neighbor_builds"]},
+                    # CPU time of the loop (process time; LAMMPS: loop x its "% CPU use"):
+                    # a shared core slows both codes' wall clocks unevenly
+                    "cpu_ratio_simpar_to_lammps": lam["loop_s"] * lam["cpu_use_percent"]
+                    / 100 / s["cpu_s_first_100_steps"] if lam["cpu_use_percent"] else None,
                     "build_per_build_ratio_to_lammps_neigh": sp["build_s_per_build"]
                     / lam["split"]["neigh_s_per_build"],
                     "forces_per_step_ratio_to_lammps_pair": sp["forces_s_per_step"]
