@@ -18,11 +18,13 @@ N, BOX, CUT, SKIN = 1500, np.array([9.0, 7.5, 12.0]), 1.2, 0.3
 
 
 def _brute(r, valid, box, ids=None):
-    """int32[N, M] rows of every valid j != i within cutoff + skin (minimum image), sorted
-    by id (slot by default), padded with N; M the longest row."""
+    """int32[N, M] rows of every valid j != i within cutoff + skin (minimum image; plain
+    differences when ``box`` is None), sorted by id (slot by default), padded with N; M the
+    longest row."""
     n = r.shape[0]
     d = r[:, None, :] - r[None, :, :]
-    d -= box * np.round(d / box)
+    if box is not None:
+        d -= box * np.round(d / box)
     near = (np.sum(d * d, -1) < (CUT + SKIN) ** 2) & valid[None, :] & valid[:, None]
     np.fill_diagonal(near, False)
     key = np.arange(n) if ids is None else ids
@@ -64,6 +66,21 @@ def test_cell_lists_equal_brute_force(system):
     _check(spec, spc, r, valid, ref)
     cells = tuple(int(c) for c in np.floor(BOX / rad))
     one = dataclasses.replace(spec, cells=cells, reach=1, column_capacity=40, block=128)
+    _check(one, spc, r, valid, ref)
+
+
+def test_free_space_cell_lists_equal_brute_force(system):
+    """Free space (no z images: the grid's padding cells stay empty, columns past the x / y
+    edges are empty) gives the brute-force list exactly, reach 2 and reach 1."""
+    r, valid, _, _ = system
+    spc = space.free(BOX)
+    ref = _brute(r, valid, None)
+    spec, nb = neighbors.allocate(spc, r, valid, cutoff=CUT, skin=SKIN)
+    assert spec.cells is not None and not spec.periodic
+    _check(spec, spc, r, valid, ref)
+    one = dataclasses.replace(spec, reach=1, cells=tuple(max(c // 2, 1) for c in spec.cells),
+                              width=tuple(2 * w for w in spec.width),
+                              column_capacity=4 * spec.column_capacity)  # fmt: skip
     _check(one, spc, r, valid, ref)
 
 
