@@ -38,9 +38,11 @@ backend is up); ``--memory`` adds ``compiled.memory_analysis()`` of each engine'
 interleaved rounds, each job pinned to the same core, with both policies (simpar exact vs LAMMPS
 ``every 1 check yes``; simpar ``every 20 check no`` vs in.lj as shipped), and prints the best of
 ``--rounds`` of each, the ratios and both codes' rebuild counts, with the split of each run into
-neighbour builds and forces on both sides (LAMMPS's Neigh and Pair sections; simpar's build and
-force programs timed apart on the run's step-100 configuration, per build and per step, and
-scaled to the run's builds and 100 steps: ``split_first_100_steps``). simpar starts there from
+neighbour builds and forces on both sides in CPU time (LAMMPS's Neigh and Pair sections times
+its loop's "% CPU use"; simpar's build and force programs timed apart on the run's step-100
+configuration, per build and per step, and scaled to the run's builds and 100 steps:
+``split_first_100_steps``; ``rest_cpu_s``: simpar's loop less both). ``cpu_ratio_simpar_to_lammps``
+compares the loops' CPU times, steadier than the wall clocks on a shared machine. simpar starts there from
 LAMMPS's own step-0 velocities (``--velocities``, written by LAMMPS once): its ``velocity
 create`` draws them uniformly, and from simpar's Gaussian ones the fastest atoms cross skin/2
 sooner (the exact policy rebuilt 14 times in the first 100 steps where LAMMPS rebuilt 11; from
@@ -372,9 +374,13 @@ def _vs_lammps(args) -> dict:
     for b in best.values():
         lam = b["lammps"]
         steps = lam["steps"]
+        # per build and per step in CPU time (simpar's split is process time): the sections'
+        # wall times times the loop's "% CPU use"
+        use = (lam["cpu_use_percent"] or 100.0) / 100
         lam["split"] = {"neigh_s": lam["neigh_s"], "pair_s": lam["pair_s"],
-                        "neigh_s_per_build": lam["neigh_s"] / max(lam["neighbor_builds"], 1),
-                        "pair_s_per_step": lam["pair_s"] / steps}  # fmt: skip
+                        "neigh_cpu_s_per_build": lam["neigh_s"] * use
+                        / max(lam["neighbor_builds"], 1),
+                        "pair_cpu_s_per_step": lam["pair_s"] * use / steps}  # fmt: skip
         for d in dtypes:
             s = b[d]
             sp = s["split_first_100_steps"]
@@ -388,9 +394,10 @@ def _vs_lammps(args) -> dict:
                     "cpu_ratio_simpar_to_lammps": lam["loop_s"] * lam["cpu_use_percent"]
                     / 100 / s["cpu_s_first_100_steps"] if lam["cpu_use_percent"] else None,
                     "build_per_build_ratio_to_lammps_neigh": sp["build_s_per_build"]
-                    / lam["split"]["neigh_s_per_build"],
+                    / lam["split"]["neigh_cpu_s_per_build"],
                     "forces_per_step_ratio_to_lammps_pair": sp["forces_s_per_step"]
-                    / lam["split"]["pair_s_per_step"]}  # fmt: skip
+                    / lam["split"]["pair_cpu_s_per_step"],
+                    "rest_cpu_s": s["cpu_s_first_100_steps"] - sp["build_s"] - sp["forces_s"]}  # fmt: skip
     tmp.cleanup()
     return {"lammps": lmp, "core": sorted(core), "rounds": args.rounds, "dtypes": dtypes,
             "initial_velocities": "LAMMPS's (velocity create 1.44 87287 loop geom: uniform)",
