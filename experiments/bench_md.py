@@ -33,10 +33,16 @@ turns ``--rounds`` times, each keeping its best chunk, with the load average bef
 Every JSON holds ``memory``: the peak RSS above the Python + JAX baseline (the RSS once the
 backend is up); ``--memory`` adds ``compiled.memory_analysis()`` of each engine's chunk
 (arguments, outputs, temporaries, code) and the size of its state and lists. ``--vs-lammps`` runs LAMMPS's ``bench/in.lj`` (``lmp`` or
-``lmp_serial`` on PATH; ``lammps_peer.py``) and this benchmark (float64, ``single``) in
+``lmp_serial`` on PATH; ``lammps_peer.py``) and this benchmark (``single``, each of
+``--dtypes``, default float32 and float64, against LAMMPS's double run) in
 interleaved rounds, each job pinned to the same core, with both policies (simpar exact vs LAMMPS
 ``every 1 check yes``; simpar ``every 20 check no`` vs in.lj as shipped), and prints the best of
-``--rounds`` of each, the ratios and both codes' rebuild counts. simpar starts there from
+``--rounds`` of each, the ratios and both codes' rebuild counts, with the split of each run into
+neighbour builds and forces on both sides in CPU time (LAMMPS's Neigh and Pair sections times
+its loop's "% CPU use"; simpar's build and force programs timed apart on the run's step-100
+configuration, per build and per step, and scaled to the run's builds and 100 steps:
+``split_first_100_steps``; ``rest_cpu_s``: simpar's loop less both). ``cpu_ratio_simpar_to_lammps``
+compares the loops' CPU times, steadier than the wall clocks on a shared machine. simpar starts there from
 LAMMPS's own step-0 velocities (``--velocities``, written by LAMMPS once): its ``velocity
 create`` draws them uniformly, and from simpar's Gaussian ones the fastest atoms cross skin/2
 sooner (the exact policy rebuilt 14 times in the first 100 steps where LAMMPS rebuilt 11; from
@@ -119,26 +125,30 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float, every: int =
     compile_s = time.perf_counter() - t0
     sim.state, sim.nbrs = start
     builds0 = int(sim.nbrs.n_builds)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     done = 0
     while done < 100:
         sim.advance(min(chunk, 100 - done))
         done += min(chunk, 100 - done)
     jax.block_until_ready(sim.state)
     first100 = time.perf_counter() - t0
+    first100_cpu = time.process_time() - c0
     th100 = sim.thermo()
     builds = int(sim.nbrs.n_builds) - builds0
     best = best_chunk(sim, chunk, repeats)
+    split = _split(sim, pot, spc, builds) if velocities else {}
     mem = {}
     if memory:
         mem = {name: memory_report(low.compile()) for name, low in sim.lowered(chunk).items()}
         mem["state_and_list_mib"] = _tree_mib((sim.state, sim.nbrs))
     return {
         "compiled_chunk_memory": mem,
+        "split_first_100_steps": split,
         "n_atoms": n,
         "steps_per_chunk": chunk,
         "atom_steps_per_s_best_chunk": n * chunk / best,
         "atom_steps_per_s_first_100_steps": n * 100 / first100,
+        "cpu_s_first_100_steps": first100_cpu,
         "neighbor_builds_first_100_steps": builds,
         "max_neighbors": sim.spec.max_neighbors,
         "neighbor_regrows": sim.regrows,
@@ -154,19 +164,34 @@ def bench(dtype, cells: int, chunk: int, repeats: int, skin: float, every: int =
     }
 
 
+def _split(sim, pot, spc, builds: int, steps: int = 100) -> dict:
+    """The neighbour build and the forces of ``sim``'s run, timed apart on its current
+    configuration (each the best CPU time of 5 calls of the program the time steps use:
+    ``neighbors.build``, ``md.pair_forces`` without energy), and scaled to the ``builds``
+    rebuilds and ``steps`` force evaluations of the first 100 steps (LAMMPS's Neigh and
+    Pair sections)."""
+    s, nb = sim.state, sim.nbrs
+    build = jax.jit(neighbors.build, static_argnums=0)
+    forces = jax.jit(lambda r, idx: md.pair_forces(pot, spc, r, idx, energy=False))
+    b = _best(build, sim.spec, spc, s.position, s.valid, clock=time.process_time)
+    f = _best(forces, s.position, nb.idx, clock=time.process_time)
+    return {"build_s_per_build": b, "build_s": b * builds, "forces_s_per_step": f,
+            "forces_s": f * steps}  # fmt: skip
+
+
 def _system(dtype, cells):
     r, box = lattice.cubic_lattice("fcc", 0.8442, (cells,) * 3, dtype)
     v = lattice.maxwell_boltzmann(jax.random.PRNGKey(87287), r.shape[0], 1.44, dtype=dtype)
     return r, v, space.periodic(box, dtype), potentials.lennard_jones(cutoff=2.5, dtype=dtype)
 
 
-def _best(fn, *args, repeats=5):
+def _best(fn, *args, repeats=5, clock=time.perf_counter):
     jax.block_until_ready(fn(*args))
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
 
 
@@ -322,37 +347,59 @@ def _vs_lammps(args) -> dict:
     tmp = tempfile.TemporaryDirectory()
     vel = lammps_peer.initial_velocities(lmp, tmp.name, args.cells)
     policies = {"exact_vs_check_yes": (1, True), "every20_check_no_vs_in.lj": (20, False)}
-    best: dict = {k: {"simpar": None, "lammps": None} for k in policies}
+    dtypes = args.dtypes.split(",")
+    best: dict = {k: {"lammps": None, **{d: None for d in dtypes}} for k in policies}
     loads = []
     for _ in range(args.rounds):
         for name, (every, check) in policies.items():
             loads.append(os.getloadavg()[0])
             lam = lammps_peer.run_lammps(lmp, lammps_peer.in_lj(args.cells, every, check), core)
             cmd = [sys.executable, __file__, "--cells", str(args.cells), "--chunk",
-                   str(args.chunk), "--repeats", "1", "--skin", "0.3", "--dtypes", "float64",
-                   "--every", str(every), "--check", "yes" if check else "no",
+                   str(args.chunk), "--repeats", "1", "--skin", "0.3", "--dtypes",
+                   args.dtypes, "--every", str(every), "--check", "yes" if check else "no",
                    "--velocities", vel]  # fmt: skip
             res = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pinner(core))
             if res.returncode:
                 raise SystemExit(f"simpar benchmark failed: {res.stderr[-800:]}")
             sim = json.loads(res.stdout[res.stdout.index("{\n") :])
-            run = sim["float64"]
-            run["affinity"] = sim["affinity"]
             b = best[name]
             if b["lammps"] is None or lam["atom_steps_per_s"] > b["lammps"]["atom_steps_per_s"]:
                 b["lammps"] = lam
             key = "atom_steps_per_s_first_100_steps"
-            if b["simpar"] is None or run[key] > b["simpar"][key]:
-                b["simpar"] = run
+            for d in dtypes:
+                run = sim[d]
+                run["affinity"] = sim["affinity"]
+                if b[d] is None or run[key] > b[d][key]:
+                    b[d] = run
     for b in best.values():
-        s, lam = b["simpar"], b["lammps"]
-        b["ratio_simpar_to_lammps"] = (
-            s["atom_steps_per_s_first_100_steps"] / lam["atom_steps_per_s"]
-        )
-        b["builds"] = {"simpar": s["neighbor_builds_first_100_steps"],
-                       "lammps": lam["neighbor_builds"]}  # fmt: skip
+        lam = b["lammps"]
+        steps = lam["steps"]
+        # per build and per step in CPU time (simpar's split is process time): the sections'
+        # wall times times the loop's "% CPU use"
+        use = (lam["cpu_use_percent"] or 100.0) / 100
+        lam["split"] = {"neigh_s": lam["neigh_s"], "pair_s": lam["pair_s"],
+                        "neigh_cpu_s_per_build": lam["neigh_s"] * use
+                        / max(lam["neighbor_builds"], 1),
+                        "pair_cpu_s_per_step": lam["pair_s"] * use / steps}  # fmt: skip
+        for d in dtypes:
+            s = b[d]
+            sp = s["split_first_100_steps"]
+            b[d] = {"simpar": s,
+                    "ratio_simpar_to_lammps": s["atom_steps_per_s_first_100_steps"]
+                    / lam["atom_steps_per_s"],
+                    "builds": {"simpar": s["neighbor_builds_first_100_steps"],
+                               "lammps": lam["neighbor_builds"]},
+                    # CPU time of the loop (process time; LAMMPS: loop x its "% CPU use"):
+                    # a shared core slows both codes' wall clocks unevenly
+                    "cpu_ratio_simpar_to_lammps": lam["loop_s"] * lam["cpu_use_percent"]
+                    / 100 / s["cpu_s_first_100_steps"] if lam["cpu_use_percent"] else None,
+                    "build_per_build_ratio_to_lammps_neigh": sp["build_s_per_build"]
+                    / lam["split"]["neigh_cpu_s_per_build"],
+                    "forces_per_step_ratio_to_lammps_pair": sp["forces_s_per_step"]
+                    / lam["split"]["pair_cpu_s_per_step"],
+                    "rest_cpu_s": s["cpu_s_first_100_steps"] - sp["build_s"] - sp["forces_s"]}  # fmt: skip
     tmp.cleanup()
-    return {"lammps": lmp, "core": sorted(core), "rounds": args.rounds,
+    return {"lammps": lmp, "core": sorted(core), "rounds": args.rounds, "dtypes": dtypes,
             "initial_velocities": "LAMMPS's (velocity create 1.44 87287 loop geom: uniform)",
             "load_average_1min": loads, "policies": best}  # fmt: skip
 
@@ -410,7 +457,7 @@ def main() -> None:
         # user's ``simpar run`` of ``single`` holds 1
         jax.config.update("jax_num_cpu_devices", 8)
     if args.vs_lammps:
-        print(json.dumps({"benchmark": "LAMMPS in.lj vs simpar single, float64, pinned",
+        print(json.dumps({"benchmark": "LAMMPS in.lj (double) vs simpar single, pinned",
                           **environment(), "host": platform.node(),
                           **_vs_lammps(args)}, indent=1))  # fmt: skip
         return

@@ -70,7 +70,9 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> 
     Returns:
       ``{"loop_s": float seconds of the run loop, "atoms": int, "steps": int,
       "atom_steps_per_s": float, "neighbor_builds": int, "dangerous_builds": int | None,
-      "pair_s", "neigh_s": float | None seconds of the Pair and Neigh sections, "ranks": int,
+      "pair_s", "neigh_s": float | None seconds of the Pair and Neigh sections,
+      "cpu_use_percent": float | None the CPU time of the loop over its wall time (LAMMPS's
+      "% CPU use": under load, the share the core gave it), "ranks": int,
       "affinity": list[int] (one core per rank when ranks > 1)}``.
 
     Raises:
@@ -102,6 +104,7 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> 
     loop, steps, atoms = float(m.group(1)), int(m.group(2)), int(m.group(3))
     builds = re.search(r"Neighbor list builds = (\d+)", text)
     dangerous = re.search(r"Dangerous builds = (\d+)", text)
+    cpu_use = re.search(r"([\d.]+)% CPU use", text)  # of the loop's wall time
     # the timing breakdown: "Pair    | 1.1414     | ..." (min over ranks, seconds)
     section = {k: float(v) for k, v in re.findall(r"^(Pair|Neigh|Comm)\s*\|\s*([\d.eE+-]+)",
                                                   text, re.M)}  # fmt: skip
@@ -114,6 +117,7 @@ def run_lammps(lmp: str, script: str, cpus: set[int] | None, ranks: int = 1) -> 
         "dangerous_builds": int(dangerous.group(1)) if dangerous else None,
         "pair_s": section.get("Pair"),
         "neigh_s": section.get("Neigh"),
+        "cpu_use_percent": float(cpu_use.group(1)) if cpu_use else None,
         "ranks": ranks,
         "affinity": bound if ranks > 1 else sorted(cpus or os.sched_getaffinity(0)),
     }

@@ -18,11 +18,13 @@ N, BOX, CUT, SKIN = 1500, np.array([9.0, 7.5, 12.0]), 1.2, 0.3
 
 
 def _brute(r, valid, box, ids=None):
-    """int32[N, M] rows of every valid j != i within cutoff + skin (minimum image), sorted
-    by id (slot by default), padded with N; M the longest row."""
+    """int32[N, M] rows of every valid j != i within cutoff + skin (minimum image; plain
+    differences when ``box`` is None), sorted by id (slot by default), padded with N; M the
+    longest row."""
     n = r.shape[0]
     d = r[:, None, :] - r[None, :, :]
-    d -= box * np.round(d / box)
+    if box is not None:
+        d -= box * np.round(d / box)
     near = (np.sum(d * d, -1) < (CUT + SKIN) ** 2) & valid[None, :] & valid[:, None]
     np.fill_diagonal(near, False)
     key = np.arange(n) if ids is None else ids
@@ -67,6 +69,21 @@ def test_cell_lists_equal_brute_force(system):
     _check(one, spc, r, valid, ref)
 
 
+def test_free_space_cell_lists_equal_brute_force(system):
+    """Free space (no z images: the grid's padding cells stay empty, columns past the x / y
+    edges are empty) gives the brute-force list exactly, reach 2 and reach 1."""
+    r, valid, _, _ = system
+    spc = space.free(BOX)
+    ref = _brute(r, valid, None)
+    spec, nb = neighbors.allocate(spc, r, valid, cutoff=CUT, skin=SKIN)
+    assert spec.cells is not None and not spec.periodic
+    _check(spec, spc, r, valid, ref)
+    one = dataclasses.replace(spec, reach=1, cells=tuple(max(c // 2, 1) for c in spec.cells),
+                              width=tuple(2 * w for w in spec.width),
+                              column_capacity=4 * spec.column_capacity)  # fmt: skip
+    _check(one, spc, r, valid, ref)
+
+
 @pytest.mark.slow
 def test_all_pairs_past_the_unrolled_words_and_id_order(system):
     """All pairs as candidates (1,500 slots: 47 words, unrolled) and 2,100 slots (66 words:
@@ -87,3 +104,21 @@ def test_all_pairs_past_the_unrolled_words_and_id_order(system):
     assert cells.split_words(n2)[0] > cells.UNROLL_WORDS
     nb = jax.jit(neighbors.build, static_argnums=0)(spec2, spc, jnp.asarray(r2), v2)
     np.testing.assert_array_equal(np.asarray(nb.idx)[:, : ref2.shape[1]], ref2)
+
+
+def test_sort_rows_network_sorts_every_row():
+    """The bitonic network of the rows' sort (``cells.sort_rows``): every 0/1 row of up to
+    12 entries (the 0-1 principle: a comparator network that sorts them sorts everything),
+    and random rows of the widths the lists use, int32 and the uint16 path (``bound``)."""
+    import itertools
+
+    sort = jax.jit(cells.sort_rows, static_argnums=1)
+    for m in range(1, 13):
+        x = np.array(list(itertools.product([0, 1], repeat=m)), np.int32)
+        np.testing.assert_array_equal(np.asarray(sort(x, None)), np.sort(x, 1))
+    rng = np.random.default_rng(0)
+    for m, bound in ((96, 32000), (104, 70000), (33, 5), (128, None)):
+        x = rng.integers(0, (bound or 2**31 - 2) + 1, (37, m)).astype(np.int32)
+        out = sort(x, bound)
+        assert out.dtype == jnp.int32
+        np.testing.assert_array_equal(np.asarray(out), np.sort(x, 1))

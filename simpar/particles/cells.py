@@ -1,10 +1,13 @@
-"""Cell binning for neighbour lists: particles sorted by cell, so that each column of
-``2 * reach + 1`` cells along z is a contiguous range of the sorted order
-(``neighbors.build`` reads its candidates from these ranges), and the compaction of the
-candidates that pass the distance filter into rows (``compact_words``).
+"""Cell binning for neighbour lists: particles sorted by cell, with periodic images along z
+(``bin_cells``), so that each column of ``2 * reach + 1`` cells along z is one contiguous
+range of the sorted order (``row_columns``; ``neighbors.build`` reads its candidates from
+these ranges), the compaction of the candidates that pass the distance filter into rows
+(``compact_words``) and the rows' sort (``sort_rows``).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +37,14 @@ def stable_order(key, bound: int):
     return jnp.sort(jnp.left_shift(key.astype(jnp.int32), bits) | slot) & ((1 << bits) - 1)
 
 
-def column_ranges(spec, space: Space, r, valid):
-    """Particles binned into ``spec.cells`` and the candidate columns of the rows.
+def bin_cells(spec, space: Space, r, valid):
+    """Particles binned into ``spec.cells``, sorted by cell, with the periodic images that
+    make every candidate column one contiguous range (``row_columns``).
+
+    The grid is padded along z with ``spec.reach`` cells on each side; where z wraps
+    (periodic, or ``spec.wrap[2]``) the padding holds copies of the cells at the other end,
+    so a column that crosses the box edge along z reads one range instead of two (main
+    split each such column in two ranges and picked between them per candidate).
 
     Args:
       spec: a ``neighbors.NeighborSpec`` with ``cells`` (its ``periodic``, ``origin``,
@@ -44,15 +53,15 @@ def column_ranges(spec, space: Space, r, valid):
       r: float[N, 3] positions binned (sigma); valid: bool[N] occupied slots.
 
     Returns:
-      (order, s_a, len_a, s_b, len_b): int32[N] the slots sorted by cell (stable; empty
-      slots last), and for each row (the first ``spec.rows`` particles, or all: a domain
-      block's ghosts are binned but searched from by nobody) int32[R, (2 * reach + 1)**2]
-      the start and length in that order of each candidate column (``_b``: the part that
-      wraps around z).
+      (order, start, c): int32[K] the copies sorted by cell (stable; copy ``q`` is slot
+      ``q % N``, the slot itself for ``q < N``; K = 3N where z wraps, else N; empty slots and
+      unused copies last), int32[cells + 1] the start of each padded cell in that order,
+      int32[R, 3] the cells of the rows (the first ``spec.rows`` particles, or all).
     """
     nx, ny, nz = spec.cells
-    ncell = nx * ny * nz
     k = spec.reach
+    nze = nz + 2 * k
+    ncell = nx * ny * nze
     if spec.periodic:
         box = space.box.astype(r.dtype)
         frac = r / box
@@ -63,18 +72,30 @@ def column_ranges(spec, space: Space, r, valid):
         width = jnp.asarray(spec.width, r.dtype)
         c = jnp.floor((r - origin) / width).astype(jnp.int32)
     c = jnp.clip(c, 0, jnp.asarray(spec.cells, jnp.int32) - 1)
-    cell = (c[:, 0] * ny + c[:, 1]) * nz + c[:, 2]
-    cell = jnp.where(valid, cell, ncell)
-    order = stable_order(cell, ncell + 1)
-    counts = jnp.zeros(ncell + 1, jnp.int32).at[cell].add(1)
+    cell = (c[:, 0] * ny + c[:, 1]) * nze + c[:, 2] + k
+    keys = [jnp.where(valid, cell, ncell)]
+    if spec.periodic or (spec.wrap and spec.wrap[2]):  # z images: the top cells below, ...
+        keys.append(jnp.where(valid & (c[:, 2] < k), cell + nz, ncell))
+        keys.append(jnp.where(valid & (c[:, 2] >= nz - k), cell - nz, ncell))
+    key = jnp.concatenate(keys)
+    order = stable_order(key, ncell + 1)
+    counts = jnp.zeros(ncell + 1, jnp.int32).at[key].add(1)
     start = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)])
-    c = c[: spec.rows or c.shape[0]]
+    return order, start, c[: spec.rows or c.shape[0]]
+
+
+def row_columns(spec, start, c):
+    """Start and length in ``bin_cells``'s order of the candidate columns of rows in cells
+    ``c`` (int32[B, 3]): int32[B, (2 * reach + 1)**2] each (length 0 for a column outside
+    a grid axis that does not wrap). Computed per block of rows while building, so that no
+    (N, columns) arrays are kept (in.lj: the build's temporaries 19.3 -> 2.1 MiB)."""
+    nx, ny, nz = spec.cells
+    k = spec.reach
+    nze = nz + 2 * k
     d = np.arange(-k, k + 1)
-    dx = jnp.asarray(np.repeat(d, d.size), jnp.int32)
-    dy = jnp.asarray(np.tile(d, d.size), jnp.int32)
-    cx = c[:, 0:1] + dx[None]
-    cy = c[:, 1:2] + dy[None]
-    wx, wy, wz = (True,) * 3 if spec.periodic else (spec.wrap or (False,) * 3)
+    cx = c[:, 0:1] + jnp.asarray(np.repeat(d, d.size), jnp.int32)[None]
+    cy = c[:, 1:2] + jnp.asarray(np.tile(d, d.size), jnp.int32)[None]
+    wx, wy, _ = (True,) * 3 if spec.periodic else (spec.wrap or (False,) * 3)
     col_ok = jnp.ones(cx.shape, bool)
     if wx:
         cx = cx % nx
@@ -86,23 +107,28 @@ def column_ranges(spec, space: Space, r, valid):
     else:
         col_ok = col_ok & (cy >= 0) & (cy < ny)
         cy = jnp.clip(cy, 0, ny - 1)
-    base = (cx * ny + cy) * nz  # (N, ncol)
-    lo = (c[:, 2] - k)[:, None]
-    hi = (c[:, 2] + k)[:, None]
-    s_a = start[base + jnp.maximum(lo, 0)]
-    e_a = start[base + jnp.minimum(hi, nz - 1) + 1]
-    len_a = jnp.where(col_ok, e_a - s_a, 0)
-    if wz:
-        below, above = lo < 0, hi > nz - 1
-        b_lo = jnp.where(below, nz + lo, 0)
-        b_hi = jnp.where(below, nz - 1, hi - nz)
-        s_b = start[base + b_lo]
-        e_b = start[base + jnp.clip(b_hi, 0, nz - 1) + 1]
-        len_b = jnp.where((below | above) & col_ok, e_b - s_b, 0)
-    else:
-        s_b = jnp.zeros_like(s_a)
-        len_b = jnp.zeros_like(len_a)
-    return order, s_a, len_a, s_b, len_b
+    lo = (cx * ny + cy) * nze + c[:, 2:3]  # padded cells cz - k + k .. cz + k + k
+    s = start[lo]
+    return s, jnp.where(col_ok, start[lo + 2 * k + 1] - s, 0)
+
+
+def column_slices(a, starts, size: int):
+    """``a[starts[..., None] + arange(size)]`` as one gather of contiguous slices.
+
+    XLA:CPU gathers element by element; a gather of (B, C) slices of ``size`` entries
+    copies each slice as one contiguous run (in.lj: the build's candidate positions).
+    Args:
+      a: [K + size] array (padded by the caller, once: XLA would clamp a slice running
+        past the end); starts: int32[B, C] in ``[0, K]``; size: static slice length.
+
+    Returns:
+      [B, C, size] array.
+    """
+    dn = jax.lax.GatherDimensionNumbers(
+        offset_dims=(2,), collapsed_slice_dims=(), start_index_map=(0,)
+    )
+    return jax.lax.gather(a, starts[..., None], dn, (size,),
+                          mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)  # fmt: skip
 
 
 def compact_words(mask, m, picks=()):
@@ -133,21 +159,8 @@ def compact_words(mask, m, picks=()):
         # one pass over the words, elementwise over (B, m): output t lies in word k when
         # cum[k-1] <= t < cum[k]; no (B, m, W) temporary and no gathers (in.lj float64, one
         # core: the whole build 0.68x)
-        grp = jnp.full((b, m), w, jnp.int32)
-        first = jnp.zeros((b, m), jnp.int32)
-        wd = jnp.zeros((b, m), jnp.uint32)
-        picked = [jnp.zeros((b, m), jnp.int32) for _ in picks]
-        run = jnp.zeros((b, 1), jnp.int32)
-        for k in range(w):
-            nxt = run + cnt[:, k : k + 1]
-            here = (run <= t) & (t < nxt)
-            grp = jnp.where(here, k, grp)
-            first = jnp.where(here, run, first)
-            wd = jnp.where(here, word[:, k : k + 1], wd)
-            picked = [jnp.where(here, p[:, k : k + 1], q)
-                      for p, q in zip(picks, picked, strict=True)]  # fmt: skip
-            run = nxt
-        rank, total = t[None] - first, run[:, 0]
+        grp, first, wd, picked, total = _locate_words(t, cnt, word, picks)
+        rank = t[None] - first
     else:
         if picks:
             raise ValueError(f"picks need at most {UNROLL_WORDS} words, got {w}")
@@ -167,6 +180,133 @@ def compact_words(mask, m, picks=()):
         step //= 2
     src = jnp.where(grp < w, grp * s + pos, w * s)
     return src, total, picked
+
+
+def _locate_words(t, cnt, word, picks):
+    """For each output t (int32[m]) of each row, the word holding it: (grp, first, wd,
+    picked, total) with grp int32[B, m] its index (W past the row's entries), first the
+    outputs before that word, wd its bits, picked each pick's value there and total int32[B]
+    the row's entries. Two levels, elementwise over (B, m): the group of about sqrt(W)
+    words holding t, whose words' counts, bits and picks are selected once per group, then
+    the word within the group (in.lj, 25 words: 0.7x the selects of one level)."""
+    b, w = cnt.shape
+    m = t.shape[0]
+    g = max(int(math.isqrt(w)), 1)
+    ngrp = -(-w // g)
+    pad = ngrp * g - w
+    cnt = jnp.concatenate([cnt, jnp.zeros((b, pad), cnt.dtype)], axis=1)
+    word = jnp.concatenate([word, jnp.zeros((b, pad), word.dtype)], axis=1)
+    picks = [jnp.concatenate([p, jnp.zeros((b, pad), p.dtype)], axis=1) for p in picks]
+    cols = [cnt, word, *picks]
+    sel = [[jnp.zeros((b, m), c.dtype) for _ in range(g)] for c in cols]
+    base = jnp.zeros((b, m), jnp.int32)
+    gsel = jnp.full((b, m), ngrp, jnp.int32)
+    run = jnp.zeros((b, 1), jnp.int32)
+    for q in range(ngrp):  # level 1: the group holding t
+        nxt = run + jnp.sum(cnt[:, q * g : (q + 1) * g], axis=1, keepdims=True, dtype=jnp.int32)
+        here = (run <= t) & (t < nxt)
+        for c, out in zip(cols, sel, strict=True):
+            for j in range(g):
+                out[j] = jnp.where(here, c[:, q * g + j : q * g + j + 1], out[j])
+        base = jnp.where(here, run, base)
+        gsel = jnp.where(here, q, gsel)
+        run = nxt
+    grp = jnp.full((b, m), w, jnp.int32)
+    first = jnp.zeros((b, m), jnp.int32)
+    wd = jnp.zeros((b, m), word.dtype)
+    picked = [jnp.zeros((b, m), jnp.int32) for _ in picks]
+    at = base
+    for j in range(g):  # level 2: the word within the group
+        nxt = at + sel[0][j]
+        here = (at <= t) & (t < nxt)
+        grp = jnp.where(here, gsel * g + j, grp)
+        first = jnp.where(here, at, first)
+        wd = jnp.where(here, sel[1][j], wd)
+        picked = [jnp.where(here, s_[j], q) for s_, q in zip(sel[2:], picked, strict=True)]
+        at = nxt
+    return grp, first, wd, picked, run[:, 0]
+
+
+def _cmp(lo, hi):
+    """The compare-exchange of two equal slabs: (elementwise min, elementwise max)."""
+    return jnp.minimum(lo, hi), jnp.maximum(lo, hi)
+
+
+def _clean(y, length: int):
+    """Half-cleaners of a bitonic network over ``length`` (a power of two) entries along
+    axis 0, of which ``y`` holds the first ``y.shape[0]``: the others are +infinity, so the
+    comparisons with them (no-ops) are skipped. Returns the ``y.shape[0]`` entries sorted."""
+    n = y.shape[0]
+    if length == 1 or n == 0:
+        return y
+    h = length // 2
+    if n <= h:  # every partner is infinite
+        return _clean(y, h)
+    if n == length:  # all real: the passes as reshapes of the whole slab
+        j = h
+        while j >= 1:
+            z = y.reshape((length // (2 * j), 2, j) + y.shape[1:])
+            lo, hi = _cmp(z[:, 0], z[:, 1])
+            y = jnp.stack([lo, hi], axis=1).reshape(y.shape)
+            j //= 2
+        return y
+    r = n - h
+    lo, hi = _cmp(y[:r], y[h:])
+    return jnp.concatenate([_clean(jnp.concatenate([lo, y[r:h]]), h), _clean(hi, h)])
+
+
+def _sort(y):
+    """``y`` sorted along axis 0 by a bitonic network, padded implicitly with +infinity to
+    the next power of two (the comparisons with the padding skipped)."""
+    n = y.shape[0]
+    if n <= 1:
+        return y
+    length = 1 << (n - 1).bit_length()
+    h = length // 2
+    if n == length:  # merge sorted runs of k // 2 into runs of k (first step: t against
+        k = 2  # k - 1 - t, so every run comes out ascending), as reshapes of the whole slab
+        while k <= n:
+            z = y.reshape((n // k, k) + y.shape[1:])
+            lo, hi = _cmp(z[:, : k // 2], z[:, k // 2 :][:, ::-1])
+            y = jnp.concatenate([lo, hi[:, ::-1]], axis=1).reshape(y.shape)
+            y = _clean_runs(y, k)
+            k *= 2
+        return y
+    a, b = _sort(y[:h]), _sort(y[h:])
+    r = n - h  # a[t] against b[h - 1 - t]: the b's past its end are infinite
+    lo, hi = _cmp(a[h - r :], b[::-1])
+    return jnp.concatenate([_clean(jnp.concatenate([a[: h - r], lo]), h), _clean(hi[::-1], h)])
+
+
+def _clean_runs(y, k: int):
+    """The half-cleaners (strides k / 4 .. 1) of every run of ``k`` entries of ``y``."""
+    j = k // 4
+    while j >= 1:
+        z = y.reshape((y.shape[0] // (2 * j), 2, j) + y.shape[1:])
+        lo, hi = _cmp(z[:, 0], z[:, 1])
+        y = jnp.stack([lo, hi], axis=1).reshape(y.shape)
+        j //= 2
+    return y
+
+
+def sort_rows(x, bound: int | None = None):
+    """``jnp.sort(x, axis=1)`` of int32[B, M] ``x`` by a bitonic sorting network.
+
+    The network runs on the transpose (M, B), so that every compare-exchange is an
+    elementwise min / max of two contiguous (.., B) slabs: XLA:CPU vectorises it across
+    the rows, where its sort compares one row's elements one after another (in.lj, float64,
+    one pinned core: the rows' sort 32 -> 8 ms of the build). M need not be a power of two:
+    the network is padded implicitly with +infinity and the comparisons with the padding
+    are skipped. With ``bound`` (static) < 2**16, entries in ``[0, bound]``, the network
+    runs on uint16 (twice the lanes per vector). Exact for integers.
+
+    ``x`` should be a materialised buffer (``neighbors.build`` passes a loop carry): XLA
+    fuses an elementwise producer into the network's first passes, where each element is
+    recomputed by every pass that reads it (the compaction: the build 2.9x slower).
+    """
+    narrow = bound is not None and 0 <= bound < 2**16
+    y = x.astype(jnp.uint16) if narrow else x
+    return _sort(y.T).T.astype(x.dtype)
 
 
 def split_words(n: int) -> tuple[int, int]:

@@ -170,25 +170,28 @@ def build(
                 flat = sidx.reshape(blk, -1)
                 return jnp.take_along_axis(flat, jnp.minimum(src, flat.shape[1] - 1), axis=1)
 
-            return sidx, ok, i, (), locate
+            return sidx, ok, i, (), locate, None, lambda a: a[sidx]
 
     else:
-        order, s_a, len_a, s_b, len_b = cells.column_ranges(
+        copies, start, crow = cells.bin_cells(
             spec, space, r if cell_r is None else cell_r, valid
         )
+        kc = copies.shape[0]
+        # each row's own copy (q < n): excluded from its candidates
+        inv = jnp.zeros(kc, jnp.int32).at[copies].set(jnp.arange(kc, dtype=jnp.int32))[:n]
+        order = copies % n if kc > n else copies  # copy q is slot q % n (z images: q >= n)
         rs, vs = r[order], None  # invalid slots sit in a sentinel cell: never candidates
         nw, ns = cells.split_words(spec.column_capacity)
         slot = jnp.arange(nw * ns, dtype=jnp.int32)
-        inv = jnp.zeros(n, jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
-        per_particle = tuple(map(pad, (inv, s_a, len_a, s_b, len_b)))
+        per_particle = tuple(map(pad, (inv, crow)))
 
         def candidates(blocked):
-            i_sorted, sa, la, sb, lb = blocked
-            la, sa, sb = la[..., None], sa[..., None], sb[..., None]
-            sidx = jnp.where(slot < la, sa + slot, sb + slot - la)
-            ok = slot < la + lb[..., None]
-            ncol = sidx.shape[1]
-            sidx = jnp.where(ok, sidx, 0).reshape(blk, ncol * nw, ns)
+            i_sorted, cb = blocked
+            s0, ln = cells.row_columns(spec, start, cb)
+            s0e, lne = s0[..., None], ln[..., None]
+            ok = slot < lne
+            ncol = s0.shape[1]
+            sidx = jnp.where(ok, s0e + slot, 0).reshape(blk, ncol * nw, ns)
             words = ncol * nw
             if words > cells.UNROLL_WORDS:
                 picks = ()
@@ -198,25 +201,30 @@ def build(
                     return jnp.take_along_axis(flat, jnp.minimum(src, words * ns - 1), axis=1)
 
             else:
-                # each output's column start / length read at its word (no gather of the
-                # (B, W * S) candidates): its sorted index from the column ranges
-                picks = tuple(jnp.repeat(x[..., 0], nw, axis=1) for x in (sa, la, sb))
+                # each output's column start read at its word (no gather of the (B, W * S)
+                # candidates): its sorted index from the column's range
+                picks = (jnp.repeat(s0, nw, axis=1),)
 
                 def locate(src, picked):
-                    p_sa, p_la, p_sb = picked
-                    at = src - (src // (nw * ns)) * (nw * ns)  # slot within the column
-                    return jnp.where(at < p_la, p_sa + at, p_sb + at - p_la)
+                    (p_s,) = picked
+                    return p_s + src - (src // (nw * ns)) * (nw * ns)  # + slot in column
 
-            return sidx, ok.reshape(blk, words, ns), i_sorted, picks, locate
+            def fetch(a):  # a[sidx]: one contiguous slice of ``a`` per column
+                return cells.column_slices(a, s0, nw * ns).reshape(sidx.shape)
+
+            return sidx, ok.reshape(blk, words, ns), i_sorted, picks, locate, ln, fetch
 
     rpad, vpad = pad(r), pad(valid)
-    rs_soa = [rs[:, d] for d in range(3)]
+    # padded past the last column's slice (``cells.column_slices``)
+    tail = 0 if spec.cells is None else nw * ns
+    rs_soa = [jnp.concatenate([rs[:, d], jnp.zeros(tail, rs.dtype)]) for d in range(3)]
     images = cell_r is not None and space.periodic
     image_axes = spec.images or tuple(not (spec.wrap and spec.wrap[d]) for d in range(3))
     images = images and any(image_axes)
     if images:  # periodic images: keep the image a candidate stands for, not its copies
         cpad = pad(cell_r)
         cs_soa = [(cell_r if spec.cells is None else cell_r[order])[:, d] for d in range(3)]
+        cs_soa = [jnp.concatenate([x, jnp.zeros(tail, x.dtype)]) for x in cs_soa]
 
     by_id = rank = None
     if ids is not None:
@@ -237,17 +245,17 @@ def build(
         ri, vi = sl(rpad), sl(vpad)
         same = True
         ci = sl(cpad) if images else None
-        sidx, ok, i_sorted, picks, locate = candidates(blocked)
+        sidx, ok, i_sorted, picks, locate, col_len, fetch = candidates(blocked)
         r2 = jnp.zeros(sidx.shape, r.dtype)
         for d in range(3):  # one coordinate at a time: vectorises better on CPU
-            dx = ri[:, d, None, None] - rs_soa[d][sidx]
+            dx = ri[:, d, None, None] - fetch(rs_soa[d])
             if space.periodic:
                 box = space.box[d].astype(r.dtype)
                 dx = dx - box * jnp.round(dx * (1.0 / box))  # one division, not one per pair
             r2 = r2 + dx * dx
             if images and image_axes[d]:
                 # image and minimum-image displacements differ by 0 or a box length
-                dxi = ci[:, d, None, None] - cs_soa[d][sidx]
+                dxi = ci[:, d, None, None] - fetch(cs_soa[d])
                 same = same & (jnp.abs(dxi - dx) < 0.5 * space.box[d].astype(r.dtype))
         mask = ok & (r2 < rad2) & (sidx != i_sorted[:, None, None]) & same
         if vs is not None:
@@ -256,27 +264,39 @@ def build(
         src, cnt, picked = cells.compact_words(mask, m, picks)
         got = locate(src, picked)
         have = src < sidx.shape[1] * sidx.shape[2]
-        if by_id is None:  # each row sorted here, in its block: no whole-list temporaries
-            idx = jnp.sort(jnp.where(have, order[got], n), axis=1)  # n: last
-        else:  # by id rank (the sentinel's rank is n), one gather through ``rank[order]``
-            idx = by_id[jnp.sort(jnp.where(have, rank_of_sorted[got], n), axis=1)]
+        # unsorted: the rows are sorted one iteration later (``fill``)
+        key = order if by_id is None else rank_of_sorted
+        rows = jnp.where(have, key[got], n)  # n: last
         if spec.cells is None:
             col = jnp.int32(0)
         else:
-            col = jnp.max(jnp.where(vi[:, None], blocked[2] + blocked[4], 0))
-        return idx, jnp.max(cnt), col
+            col = jnp.max(jnp.where(vi[:, None], col_len, 0))
+        return rows, jnp.max(cnt), col
+
+    def finish(rows):  # each row sorted (by slot, or by id rank: the sentinel's rank is n)
+        rows = cells.sort_rows(rows, n)
+        return rows if by_id is None else by_id[rows]
 
     def fill(b, carry):  # each block's rows written in place into the list (no stacking)
-        out, c_max, col_max = carry
+        # software-pipelined: block b - 1's rows, carried over from the last iteration, are
+        # sorted here while block b is compacted. The carry is a buffer XLA cannot fuse
+        # through: fused into the sorting network, the compaction was recomputed by its
+        # passes (in.lj: the build 2.9x slower). At b = 0 the carry's sentinel rows land on
+        # block 0, which b = 1 overwrites.
+        out, pend, c_max, col_max = carry
+        prev = jnp.maximum(b - 1, 0) * blk
+        out = jax.lax.dynamic_update_slice_in_dim(out, finish(pend), prev, axis=0)
         rows, c, co = one_block(b)
-        out = jax.lax.dynamic_update_slice_in_dim(out, rows, b * blk, axis=0)
-        return out, jnp.maximum(c_max, c), jnp.maximum(col_max, co)
+        return out, rows, jnp.maximum(c_max, c), jnp.maximum(col_max, co)
 
     zero = jnp.zeros((), jnp.int32)
-    init = (jnp.full((npad, m), n, jnp.int32), zero, zero)
+    init = (jnp.full((npad, m), n, jnp.int32), jnp.full((blk, m), n, jnp.int32), zero, zero)
     # blocks up to the last valid row only (a domain block's empty slots trail its atoms)
     used = used_rows(valid[:nrow])
-    idx, cnt, col = jax.lax.fori_loop(0, jnp.minimum(nblk, -(-used // blk)), fill, init)
+    nb = jnp.minimum(nblk, -(-used // blk))
+    idx, pend, cnt, col = jax.lax.fori_loop(0, nb, fill, init)
+    last = jnp.maximum(nb - 1, 0) * blk  # no rows (nb = 0): the sentinel rows on block 0
+    idx = jax.lax.dynamic_update_slice_in_dim(idx, finish(pend), last, axis=0)
     idx = idx[:nrow]
     needed = jnp.stack([jnp.max(cnt), jnp.max(col)]).astype(jnp.int32)
     return NeighborList(idx, r[:nrow], error_bits(spec, needed), needed, jnp.int32(1))
