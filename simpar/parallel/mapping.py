@@ -433,12 +433,25 @@ class Mapping:
             # values in lax.cond / while_loop carries; they are equal on every device by design
             return blocks.shard_map(fn, self.mesh, ins, outs_spec, check_vma=False)(*args)
 
-        kw = {}
-        if not callable(out_layouts) or isinstance(out_layouts, Layout):
-            # results' shardings fixed up front: XLA gives a zero-size result (an empty send
-            # list) a replicated sharding, and feeding it back would compile the program again
-            kw["out_shardings"] = each(out_layouts, lambda l_: self.sharding(l_, None))
-        return jax.jit(run, donate_argnums=donate_argnums, **kw)
+        jitted = jax.jit(run, donate_argnums=donate_argnums)
+        if callable(out_layouts) and not isinstance(out_layouts, Layout):
+            return jitted
+
+        def declared(layout, v):
+            # XLA gives a zero-size result (an empty send list) a replicated sharding; fed
+            # back, it would compile the whole program again: lay it out as declared (no
+            # bytes move). Not via jit's out_shardings: under jax.grad the cotangents would
+            # then have to match them.
+            if isinstance(v, jax.core.Tracer) or not isinstance(v, jax.Array) or v.size:
+                return v
+            want = self.sharding(layout, v.ndim)
+            return v if v.sharding == want else jax.device_put(v, want)
+
+        def call(*args):
+            return each2(out_layouts, jitted(*args), declared)
+
+        call.lower = jitted.lower
+        return call
 
     def _block_avals(self, outs):
         """Abstract results of one block (members: without the member axis)."""
