@@ -438,10 +438,9 @@ class Mapping:
             return jitted
 
         def declared(layout, v):
-            # XLA gives a zero-size result (an empty send list) a replicated sharding; fed
-            # back, it would compile the whole program again: lay it out as declared (no
-            # bytes move). Not via jit's out_shardings: under jax.grad the cotangents would
-            # then have to match them.
+            # XLA gives a zero-size result (an empty send list) a replicated sharding; fed back
+            # it would recompile the program: lay it out as declared (no bytes move). Not via
+            # jit's out_shardings: under jax.grad the cotangents would have to match them.
             if isinstance(v, jax.core.Tracer) or not isinstance(v, jax.Array) or v.size:
                 return v
             want = self.sharding(layout, v.ndim)
