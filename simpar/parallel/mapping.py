@@ -251,7 +251,7 @@ class Mapping:
         the mesh engines, the one device otherwise (``pmap`` has none: its values are
         stacks)."""
         if self.mesh is None:
-            return jax.sharding.SingleDeviceSharding(self.devices[0])
+            return jax.sharding.make_single_device_sharding(self.devices[0])
         return blocks.sharding(self.mesh, *self.spec(layout, ndim, n))
 
     # -- host <-> devices -------------------------------------------------------------------------
