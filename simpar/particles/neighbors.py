@@ -264,16 +264,20 @@ def build(
         src, cnt, picked = cells.compact_words(mask, m, picks)
         got = locate(src, picked)
         have = src < sidx.shape[1] * sidx.shape[2]
-        # unsorted: the rows are sorted one iteration later (``fill``)
-        key = order if by_id is None else rank_of_sorted
-        rows = jnp.where(have, key[got], n)  # n: last
+        # sorted copies, not yet their keys: those are gathered one iteration later with the
+        # row sort (``fill``): a gather in the compaction's loop keeps LLVM from vectorising
+        # it where vector gathers are slow (AVX2 on AMD: the whole build 2x slower)
+        rows = jnp.where(have, got, -1)  # -1: no neighbour
         if spec.cells is None:
             col = jnp.int32(0)
         else:
             col = jnp.max(jnp.where(vi[:, None], col_len, 0))
         return rows, jnp.max(cnt), col
 
-    def finish(rows):  # each row sorted (by slot, or by id rank: the sentinel's rank is n)
+    key = order if by_id is None else rank_of_sorted
+
+    def finish(got):  # each row's keys sorted (by slot, or by id rank: the sentinel's is n)
+        rows = jnp.where(got >= 0, key[jnp.maximum(got, 0)], n)  # n: last
         rows = cells.sort_rows(rows, n)
         return rows if by_id is None else by_id[rows]
 
@@ -290,7 +294,7 @@ def build(
         return out, rows, jnp.maximum(c_max, c), jnp.maximum(col_max, co)
 
     zero = jnp.zeros((), jnp.int32)
-    init = (jnp.full((npad, m), n, jnp.int32), jnp.full((blk, m), n, jnp.int32), zero, zero)
+    init = (jnp.full((npad, m), n, jnp.int32), jnp.full((blk, m), -1, jnp.int32), zero, zero)
     # blocks up to the last valid row only (a domain block's empty slots trail its atoms)
     used = used_rows(valid[:nrow])
     nb = jnp.minimum(nblk, -(-used // blk))
