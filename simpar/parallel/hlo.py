@@ -29,6 +29,7 @@ _INSTR = re.compile(
 )
 _ARRAY = re.compile(r"\b(?P<dtype>pred|[sufc]\d+|bf16)\[(?P<dims>[\d,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+_COMMENT = re.compile(r"/\*.*?\*/")
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def collectives(hlo_text: str) -> list[Collective]:
     comp = ""
     for line in hlo_text.splitlines():
         m = _COMPUTATION.match(line)
-        if m and "=" not in line.split("{")[0]:
+        # a header has no ``=`` outside its ``/*index=5*/`` comments (long tuple parameters)
+        if m and "=" not in _COMMENT.sub("", line.split("{")[0]):
             comp = m.group("name")
             continue
         m = _INSTR.match(line)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from simpar.parallel import blocks
 
@@ -41,3 +42,26 @@ def shard_particles(tree, n_devices: int, capacity: int):
         return jax.device_put(x, where)
 
     return jax.tree.map(put, tree)
+
+
+def replicated(x):
+    """``x`` unsplit on every device inside a program partitioned by XLA (``sharded``).
+
+    A sharding constraint to the replicated layout of the mesh ``x`` was placed on (an
+    ``Auto``-axes mesh of several devices): what is computed from it is then computed on
+    each device whole, from one all-gather of ``x``, instead of partitioned and combined
+    afterwards. The identity elsewhere (one device, host arrays, ``shard_map`` / ``pmap``
+    bodies, ``Explicit`` axes). The value is unchanged.
+
+    Args:
+      x: an array or tracer.
+
+    Returns:
+      ``x``, constrained to be replicated where it is split over an ``Auto`` mesh.
+    """
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    if mesh is None or mesh.size <= 1:
+        return x
+    if any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
+        return x
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, PartitionSpec()))
