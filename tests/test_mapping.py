@@ -133,3 +133,39 @@ def test_a_program_fed_its_own_results_compiles_once(engine):
         jax.monitoring.unregister_event_duration_listener(listen)
     np.testing.assert_array_equal(m.gather(x, SLOTS), np.full((8, 3), 7.0))
     assert len(compiles) == 1, f"{len(compiles)} compiles"
+
+
+def test_a_tree_of_blocks_is_placed_by_one_program():
+    """``blocks.put_blocks`` of a pytree (a decomposed MD state and its lists: 22 arrays)
+    compiles one identity ``pmap``, not one per shape and dtype, and gives the arrays a mapped
+    program then meets again in its own results: the program compiles once."""
+    import jax
+    import jax.numpy as jnp
+
+    from simpar.parallel import blocks
+
+    compiles = []
+
+    def listen(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    m = mapping.Mapping("pmap", DeviceGrid((2, 4), (True, True)))
+    tree = {"x": np.arange(24.0).reshape(8, 3), "ids": np.arange(8, dtype=np.int32),
+            "empty": np.zeros((8, 0), np.int32)}  # fmt: skip
+    fn = m.map(lambda t: {**t, "x": t["x"] + 1.0}, (SLOTS,), SLOTS)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        placed = blocks.put_blocks(tree, m.devices)
+        assert len(compiles) == 1, f"placement: {len(compiles)} compiles"
+        out = fn(placed)
+        for _ in range(2):
+            out = fn(out)
+        jax.block_until_ready(out)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert len(compiles) == 2, f"{len(compiles)} compiles"
+    for k, v in tree.items():
+        np.testing.assert_array_equal(m.gather(placed[k], SLOTS), v)
+    np.testing.assert_array_equal(m.gather(out["x"], SLOTS), tree["x"] + 3.0)
+    assert isinstance(out["ids"], jnp.ndarray)

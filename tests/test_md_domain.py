@@ -62,6 +62,28 @@ def assert_same(g, th, frame):
         assert th[k] == pytest.approx(ref_th[k], rel=1e-10, abs=1e-12), k
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_host_set_up_is_the_device_formula_bitwise(dtype):
+    """The set-up's host arithmetic (``ghosts.owners``, ``decomposed_sim._wrap_host``: NumPy,
+    no program compiled) gives the bits of the device formulas (``ghosts.owner``,
+    ``space.wrap``), also at sub-box and box edges and outside the box."""
+    from simpar.parallel import ghosts
+
+    box = np.asarray([16.796, 8.4, 5.0], dtype)
+    rng = np.random.default_rng(3)
+    r = (rng.random((500, 3)) * 3.0 - 1.0).astype(dtype) * box
+    edges = np.stack(np.meshgrid(*[np.arange(-4, 9) * (b / 4) for b in box]), -1)
+    r = np.concatenate([r, edges.reshape(-1, 3).astype(dtype)])
+    spc = space.periodic(box, dtype)
+    wrapped = domain._wrap_host(spc, r)
+    np.testing.assert_array_equal(wrapped, np.asarray(space.wrap(spc, jnp.asarray(r))))
+    dev = jnp.asarray(box)
+    want = [np.asarray(ghosts.owner(jnp.asarray(wrapped)[:, a], dev[a], n))
+            for a, n in enumerate((2, 4, 1))]  # fmt: skip
+    got = ghosts.owners((2, 4, 1), box, wrapped)
+    np.testing.assert_array_equal(got, np.ravel_multi_index(want, (2, 4, 1)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("engine", "mesh"),

@@ -177,20 +177,25 @@ def stack(x, n_blocks: int) -> np.ndarray:
 
 
 def put_blocks(blocks, devices):
-    """Host blocks ``(len(devices), ...)`` -> a ``pmap`` array, block ``i`` on ``devices[i]``.
+    """Host blocks ``(len(devices), ...)`` -> a ``pmap`` array, block ``i`` on ``devices[i]``;
+    a pytree of them -> the same pytree of ``pmap`` arrays, placed by one program.
 
     In a multi-process run each process places only the blocks of its own devices (every
     process passes the whole host array; the others' blocks are dropped here). An identity
     ``pmap`` does the placement (``device_put_sharded`` is deprecated), over the axis name of
     :func:`pmap`: the arrays' mesh then equals that of a program's results, and a program
-    called first on placed blocks and then on its own results compiles once.
+    called first on placed blocks and then on its own results compiles once. A pytree goes
+    through one identity program (one compilation, not one per shape and dtype: a
+    decomposed MD state and its lists, 22 arrays, 0.55 -> 0.12 s CPU).
     """
     devices = list(devices)
-    blocks = np.asarray(blocks)
+    leaves, tree = jax.tree.flatten(blocks)
+    leaves = [np.asarray(b) for b in leaves]
     mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
     if len(mine) < len(devices):
-        blocks = blocks[mine]
-    return jax.pmap(lambda x: x, axis_name=PMAP_AXIS, devices=devices)(blocks)
+        leaves = [b[mine] for b in leaves]
+    out = jax.pmap(lambda *xs: xs, axis_name=PMAP_AXIS, devices=devices)(*leaves)
+    return jax.tree.unflatten(tree, out)
 
 
 def put_global(x, where: NamedSharding):

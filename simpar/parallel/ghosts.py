@@ -291,10 +291,17 @@ def forward(spec: DomainSpec, comm, sends, pos):
 
 
 def owners(spec_shape3, box, ref_position) -> np.ndarray:
-    """Flat device index (C order over the grid) owning each atom (host, device formula)."""
-    ref = jnp.asarray(ref_position)
-    box = jnp.asarray(box, ref.dtype)
-    coords = [np.asarray(owner(ref[:, a], box[a], n)) for a, n in enumerate(spec_shape3)]
+    """Flat device index (C order over the grid) owning each atom (host).
+
+    ``owner``'s formula op for op in NumPy (IEEE operations in the positions' dtype: the
+    same bits as on the devices), instead of eager JAX operations (a dozen programs to
+    compile at every set-up); a non-finite coordinate clamps as XLA's conversion does."""
+    ref = np.asarray(ref_position)
+    box = np.asarray(box).astype(ref.dtype)
+    coords = []
+    for a, n in enumerate(spec_shape3):
+        c = np.floor(ref[:, a] * (ref.dtype.type(n) / box[a]))
+        coords.append(np.clip(np.nan_to_num(c, nan=0.0), 0, n - 1).astype(np.int32))
     return np.ravel_multi_index(coords, spec_shape3)
 
 

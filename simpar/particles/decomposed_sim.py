@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from simpar.errors import ConfigError, SimulationError
@@ -33,7 +32,7 @@ from simpar.particles.decomposed import (
 )
 from simpar.particles.domain_spec import DomainSpec, grow, guess, round8
 from simpar.particles.potentials import PairPotential
-from simpar.particles.space import Space, wrap
+from simpar.particles.space import Space
 from simpar.particles.step import Regrowing
 
 __all__ = ["DomainSimulation", "check_mesh", "make_domain_simulation"]
@@ -97,8 +96,12 @@ class DomainSimulation(Regrowing):
 
     def _put(self, tree):
         """Host arrays ``(n_dev, ...)`` -> the devices, one entry per device (each process
-        places only its own devices' entries)."""
-        return jax.tree.map(lambda x: self.mapper.place(x, SLOTS), tree)
+        places only its own devices' entries). Under ``pmap`` the whole tree is placed by one
+        program (``blocks.put_blocks``), not one per array shape (22 small compilations)."""
+        m = self.mapper
+        if m.kind.stacked:
+            return blocks.put_blocks(jax.tree.map(lambda x: m.stack(x, SLOTS), tree), m.devices)
+        return jax.tree.map(lambda x: m.place(x, SLOTS), tree)
 
     def _get(self, tree):
         """Host arrays ``(n_dev, ...)`` on every process (a collective across processes)."""
@@ -136,7 +139,7 @@ class DomainSimulation(Regrowing):
         state = self._put(DomainState(**host))
         lists = self._put(empty_lists(self.spec, host["position"].dtype))
         return self._fn("chunk")(state, lists, self.space, self.pot, self.params,
-                                 jnp.int32(n_steps), True)  # fmt: skip
+                                 np.int32(n_steps), True)  # fmt: skip
 
     def load(self, g: dict) -> None:
         """Lay out global arrays (as from ``global_state``, from any mesh) on this run's
@@ -164,7 +167,7 @@ class DomainSimulation(Regrowing):
             return self._launch(self._pending, n_steps)
         self._base = int(self._first(self.lists.n_builds))
         return self._fn("chunk")(self.state, self.lists, self.space, self.pot, self.params,
-                                 jnp.int32(n_steps), False)  # fmt: skip
+                                 np.int32(n_steps), False)  # fmt: skip
 
     def _error(self, lists) -> int:
         return int(self._first(lists.error))
@@ -242,6 +245,13 @@ class DomainSimulation(Regrowing):
         return (np.asarray(self._get(self.state.ids)) >= 0).sum(axis=1)
 
 
+def _wrap_host(space: Space, r: np.ndarray) -> np.ndarray:
+    """``space.wrap`` of host positions in NumPy: the same IEEE operations in ``r``'s dtype,
+    so the same bits, without compiling four eager programs."""
+    box = np.asarray(space.box).astype(r.dtype)
+    return r - box * np.floor(r / box)
+
+
 def make_domain_simulation(
     engine: str,
     mesh,
@@ -302,13 +312,15 @@ def make_domain_simulation(
     blocks.require_devices(mesh, len(devices))  # the one "needs N devices" check
     if mapping.kind(engine).one_device and grid.size != 1:
         raise ConfigError("--mesh", f"the local engine runs on one device, got mesh {mesh}")
-    position = jnp.asarray(position)
-    dtype = position.dtype
+    # on the host (NumPy: no set-up programs to compile); the dtype as jnp.asarray's
+    position = np.asarray(position)
+    dtype = jax.dtypes.canonicalize_dtype(position.dtype)
+    position = position.astype(dtype)
     n = position.shape[0]
     box = np.asarray(space.box, np.float64)
     radius = float(pot.cutoff) + float(skin)
     check_mesh(mesh, box, radius, float(skin))
-    position = np.asarray(wrap(space, position))
+    position = _wrap_host(space, position)
     key = jax.random.PRNGKey(0) if key is None else key
     g = {
         "position": position,
