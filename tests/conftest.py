@@ -17,10 +17,14 @@ fails (``git status --porcelain`` before and after each module; tests write into
 """
 
 import gc
+import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -37,6 +41,32 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_enable_x64", True)
+
+# One persistent compilation cache per test session (issue 29 item 7): the same XLA program
+# compiled again (in the next module, after JAX's in-memory caches were emptied below, or in
+# the other xdist worker) is loaded from it instead. The first process creates a temporary
+# directory and names it in the environment; xdist's workers inherit it and the creator removes
+# it at the end. ``SIMPAR_TEST_COMPILE_CACHE`` may name a directory to keep (a warm rerun), or
+# be ``0`` to turn the cache off. Tests that count compilations turn it off for themselves
+# (the ``no_compile_cache`` fixture); ``simpar run`` subprocesses keep theirs off
+# (``SIMPAR_NO_COMPILE_CACHE`` above).
+_CACHE_ENV = "SIMPAR_TEST_COMPILE_CACHE"
+_CACHE_CREATED = _CACHE_ENV not in os.environ
+if _CACHE_CREATED:
+    os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="simpar-test-jax-cache-")
+if os.environ[_CACHE_ENV] not in ("", "0"):
+    jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_ENV])
+    jax.config.update(
+        "jax_persistent_cache_min_compile_time_secs",
+        float(os.environ.get("SIMPAR_TEST_CACHE_MIN_S", "0.05")),
+    )
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    try:  # reads and writes under a file lock: a worker never reads another's half-written entry
+        import filelock  # noqa: F401
+
+        jax.config.update("jax_compilation_cache_max_size", 4 << 30)
+    except ImportError:
+        pass  # a torn read only warns and compiles again
 
 N_DEVICES = 8
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,20 +144,44 @@ def _compiled_programs_released(request):
     gc.collect()
 
 
+@pytest.fixture
+def no_compile_cache():
+    """JAX's persistent compilation cache off for one test: a test that counts backend
+    compilations sees a program compiled twice as two compilations, not one and a cache hit."""
+    from jax._src import compilation_cache
+
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    yield
+    jax.config.update("jax_enable_compilation_cache", was)
+    compilation_cache.reset_cache()
+
+
+def pytest_unconfigure(config):
+    if _CACHE_CREATED and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop(_CACHE_ENV), ignore_errors=True)
+
+
 # Opt-in compile accounting (issue 29 item 7): ``SIMPAR_COUNT_COMPILES=1 pytest ...`` counts the
-# XLA backend compilations (jax.monitoring's backend-compile duration event, jax 0.10 and 0.12)
-# and their seconds per test, and prints the 30 heaviest tests and the total at the end. Compiles
-# in a module-scoped fixture count against the first test that uses it; subprocesses are not seen.
+# XLA backend compilations (jax.monitoring's backend-compile duration event, jax 0.10 and 0.12),
+# their seconds and the CPU seconds of this process per test (set-up and tear-down included), and
+# prints the 30 heaviest tests, the CPU seconds per file and the totals at the end; under xdist
+# each worker sends its counts to the controller (``workeroutput``). Compiles in a module-scoped
+# fixture count against the first test that uses it; subprocesses are not seen.
 _COMPILE_EVENT = "backend_compile"
-_COMPILES: dict[str, list] = {}  # nodeid -> [count, seconds]
+_HIT_EVENT = "cache_retrieval_time"  # a program loaded from the persistent cache
+_COMPILES: dict[str, list] = {}  # nodeid -> [compiles, their s, CPU s, cache loads, their s]
 _CURRENT = ["(collection)"]
-if os.environ.get("SIMPAR_COUNT_COMPILES", "") not in ("", "0"):
+_COUNTING = os.environ.get("SIMPAR_COUNT_COMPILES", "") not in ("", "0")
+if _COUNTING:
 
     def _on_duration(event, duration, **_):
-        if _COMPILE_EVENT in event:
-            entry = _COMPILES.setdefault(_CURRENT[0], [0, 0.0])
-            entry[0] += 1
-            entry[1] += duration
+        if _COMPILE_EVENT in event or _HIT_EVENT in event:
+            entry = _COMPILES.setdefault(_CURRENT[0], [0, 0.0, 0.0, 0, 0.0])
+            at = 0 if _COMPILE_EVENT in event else 3
+            entry[at] += 1
+            entry[at + 1] += duration
 
     jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
@@ -135,23 +189,50 @@ if os.environ.get("SIMPAR_COUNT_COMPILES", "") not in ("", "0"):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _CURRENT[0] = item.nodeid
+    cpu = time.process_time()
     try:
         return (yield)
     finally:
+        if _COUNTING:
+            _COMPILES.setdefault(item.nodeid, [0, 0.0, 0.0, 0, 0.0])[2] += time.process_time() - cpu
         _CURRENT[0] = "(between tests)"
+
+
+def pytest_sessionfinish(session):
+    if _COUNTING and hasattr(session.config, "workeroutput"):  # an xdist worker
+        session.config.workeroutput["simpar_compiles"] = json.dumps(_COMPILES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: the worker's compile counts join this process's."""
+    sent = getattr(node, "workeroutput", {}).get("simpar_compiles", "{}")
+    for nodeid, row in json.loads(sent).items():
+        entry = _COMPILES.setdefault(nodeid, [0, 0.0, 0.0, 0, 0.0])
+        for i, v in enumerate(row):
+            entry[i] += v
+
+
+def _row(r) -> str:
+    return f"{r[0]:5d} compiles {r[1]:7.2f} s {r[3]:5d} loaded {r[4]:6.2f} s  cpu {r[2]:7.2f} s"
 
 
 def pytest_terminal_summary(terminalreporter):
     if _COMPILES:
         rows = sorted(_COMPILES.items(), key=lambda kv: -kv[1][1])
-        total_n = sum(n for n, _ in _COMPILES.values())
-        total_s = sum(s for _, s in _COMPILES.values())
+        write = terminalreporter.write_line
         terminalreporter.write_sep("=", "XLA compiles per test (SIMPAR_COUNT_COMPILES)")
-        for nodeid, (n, s) in rows[:30]:
-            terminalreporter.write_line(f"{n:5d} compiles {s:8.2f} s  {nodeid}")
-        terminalreporter.write_line(
-            f"total: {total_n} compiles, {total_s:.2f} s of compilation in {len(rows)} tests"
-        )
+        for nodeid, r in rows[:30]:
+            write(f"{_row(r)}  {nodeid}")
+        files: dict[str, list] = {}
+        for nodeid, r in rows:
+            f = files.setdefault(nodeid.split("::")[0], [0, 0.0, 0.0, 0, 0.0])
+            f[:] = [a + b for a, b in zip(f, r, strict=True)]
+        terminalreporter.write_sep("-", "per file (loaded: from the persistent cache)")
+        for name, r in sorted(files.items(), key=lambda kv: -kv[1][2]):
+            write(f"{_row(r)}  {name}")
+        total = [sum(col) for col in zip(*_COMPILES.values(), strict=True)]
+        write(f"{_row(total)}  total of {len(rows)} tests (CPU: the test processes only)")
     if _PEAK_MAPS[0]:
         terminalreporter.write_line(
             f"memory maps: peak {_PEAK_MAPS[0]} after {_PEAK_MAPS[1]} (before clearing JAX's "

@@ -101,7 +101,7 @@ def test_a_model_that_breaks_the_crop_contract_is_named_before_compiling(crop):
 
 
 @pytest.mark.parametrize("engine", ["pmap", "shard_map"])
-def test_a_program_fed_its_own_results_compiles_once(engine):
+def test_a_program_fed_its_own_results_compiles_once(engine, no_compile_cache):
     """A mapped program called on placed values, then on its own results (a run's chunks),
     compiles one XLA program. Two ways this once failed, each a second full compile of the MD
     chunk (10-18 s of a cold start): ``shard_map``'s zero-size results (an empty send list)

@@ -61,7 +61,7 @@ def test_current_rss_is_positive_and_below_the_peak():
 
 
 @pytest.mark.slow
-def test_md_chunk_compiled_ahead_once_and_same_trajectory():
+def test_md_chunk_compiled_ahead_once_and_same_trajectory(no_compile_cache):
     """``md.Simulation`` compiles its time steps ahead of the first call (to release the
     compiler's memory before the chunk's buffers exist): each of the chunk's programs (the
     steps, the list rebuild, the energy) is compiled once, not twice, and the host-driven
