@@ -179,35 +179,39 @@ def run_until_rebuild(ensemble: str, space, pot, params, prov: Provider, state, 
       positions (and its key). Stops early, not pending, when ``nbrs.error`` is set.
     """
 
+    # the loop is rotated so that the forces run unconditionally (no ``lax.cond`` around the
+    # force kernel, no per-step selects for the resumed step): the carry holds the next step
+    # drifted (its positions, velocities, key and rebuild decision); a body finishes that
+    # step (forces, kick) and drifts the one after it unless it was the last; the first step
+    # is drifted before the loop, or on ``resume`` by the call that stopped it
+    def drift(s, nb):
+        moved, key, rebuild = _drift(ensemble, space, params, prov, s, nb, None)
+        return moved.position, moved.velocity, key, rebuild
+
+    def keep(s, _nb):
+        return s.position, s.velocity, s.key, jnp.asarray(False)
+
     def cond(carry):
-        i, _, nb, pending, _ = carry
-        return (i < n_steps) & ~pending & (nb.error == 0)
+        i, _, _, rebuild, nb = carry
+        return (i < n_steps) & ~rebuild & (nb.error == 0)
 
     def body(carry):
-        i, s, nb, _, first = carry
-        moved, key, rebuild = _drift(ensemble, space, params, prov, s, nb, None)
-        resumed = first & resume  # the stopped step: drifted already, its list is new
-        moved = moved._replace(
-            position=jnp.where(resumed, s.position, moved.position),
-            velocity=jnp.where(resumed, s.velocity, moved.velocity),
-        )
-        key = jnp.where(resumed, s.key, key)
-        rebuild = rebuild & ~resumed
+        i, s, (r, v, key), _, nb = carry
+        m, nb = prov.refresh(s._replace(position=r, velocity=v), nb, False)
+        s = _finish(ensemble, space, pot, params, prov, m, nb, key, None)
+        i = i + 1
+        r, v, key, rebuild = jax.lax.cond(i < n_steps, drift, keep, s, nb)
+        return i, s._replace(position=None, velocity=None), (r, v, key), rebuild, nb
 
-        def stop(_):
-            return moved._replace(key=key), nb, jnp.asarray(True)
-
-        def go(_):
-            m, nb2 = prov.refresh(moved, nb, False)
-            done = _finish(ensemble, space, pot, params, prov, m, nb2, key, None)
-            return done, nb2, jnp.asarray(False)
-
-        s, nb, pending = jax.lax.cond(rebuild, stop, go, None)
-        return i + jnp.where(pending, 0, 1).astype(i.dtype), s, nb, pending, jnp.asarray(False)
-
-    carry = (jnp.int32(0), state, nbrs, jnp.asarray(False), jnp.asarray(True))
-    done, state, nbrs, pending, _ = jax.lax.while_loop(cond, body, carry)
-    return state, nbrs, done, pending
+    # the carry's state holds neither positions nor velocities (r, v: no copies per step)
+    r, v, key, rebuild = jax.lax.cond(resume | (n_steps <= 0), keep, drift, state, nbrs)
+    s = state._replace(position=None, velocity=None)
+    carry = (jnp.int32(0), s, (r, v, key), rebuild, nbrs)
+    done, state, (r, v, key), rebuild, nbrs = jax.lax.while_loop(cond, body, carry)
+    pending = rebuild & (nbrs.error == 0)
+    # pending: the drifted step (its old force and step count, its new key); else the last
+    # finished step (r, v, key are its own)
+    return state._replace(position=r, velocity=v, key=key), nbrs, done, pending
 
 
 def run_steps(step_fn: Callable, state, nbrs, n_steps, init=None):
