@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec
 
 from simpar.parallel import blocks
 
@@ -64,4 +63,4 @@ def replicated(x):
         return x
     if any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
         return x
-    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, PartitionSpec()))
+    return jax.lax.with_sharding_constraint(x, blocks.sharding(mesh))
