@@ -38,7 +38,9 @@ backend is up); ``--memory`` adds ``compiled.memory_analysis()`` of each engine'
 ``lmp_serial`` on PATH; ``lammps_peer.py``) and this benchmark (``single``, each of
 ``--dtypes``, default float32 and float64, against LAMMPS's double run) in
 interleaved rounds, each job pinned to the same core, with both policies (simpar exact vs LAMMPS
-``every 1 check yes``; simpar ``every 20 check no`` vs in.lj as shipped), and prints the best of
+``every 1 check yes``; simpar ``every 20 check no`` vs in.lj as shipped), simpar's 100 steps as
+one chunk (in.lj has no ``thermo`` line: LAMMPS computes the energy at step 100 only, and so does
+one chunk; ``simpar run`` of ``lj_bench.toml`` writes every 20 steps), and prints the best of
 ``--rounds`` of each, the ratios and both codes' rebuild counts, with the split of each run into
 neighbour builds and forces on both sides in CPU time (LAMMPS's Neigh and Pair sections times
 its loop's "% CPU use"; simpar's build and force programs timed apart on the run's step-100
@@ -365,7 +367,7 @@ def _vs_lammps(args) -> dict:
             loads.append(os.getloadavg()[0])
             lam = lammps_peer.run_lammps(lmp, lammps_peer.in_lj(args.cells, every, check), core)
             cmd = [sys.executable, __file__, "--cells", str(args.cells), "--chunk",
-                   str(args.chunk), "--repeats", "1", "--skin", "0.3", "--dtypes",
+                   "100", "--repeats", "1", "--skin", "0.3", "--dtypes",
                    args.dtypes, "--every", str(every), "--check", "yes" if check else "no",
                    "--velocities", vel]  # fmt: skip
             res = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pinner(core))
