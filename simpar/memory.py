@@ -42,6 +42,7 @@ GIB = 2**30
 _UNLIMITED = 2**60
 #: where cgroup file systems are mounted (tests point it at a fake tree)
 CGROUP_ROOT = "/sys/fs/cgroup"
+KEEP_COMPILED = False  # True: drop_compiled_if_cached keeps them (tests share them; conftest)
 
 
 def _read_int(path: Path) -> int | None:
@@ -354,14 +355,13 @@ def lean_jit(fun, **jit_kwargs):
 
 
 def drop_compiled_if_cached(*jitted) -> bool:
-    """Drop the compiled programs of set-up functions (``jax.jit`` objects; none given: every
-    program, ``jax.clear_caches``) when JAX's persistent compilation cache is on (as in
-    ``simpar run``), so that they do not stay in memory for the whole run (2-15 MiB each):
-    a later call reloads them from the cache in milliseconds. Without the cache they are kept
-    (a recompilation costs ~0.1-1 s each). Returns True when the programs were dropped."""
+    """Drop the compiled programs of set-up functions (``jax.jit`` objects; none: all, by
+    ``jax.clear_caches``) when JAX's persistent cache is on and ``KEEP_COMPILED`` is False (as in
+    ``simpar run``): 2-15 MiB each, reloaded from the cache in milliseconds. True if dropped."""
     import jax
 
-    if not (jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir):
+    c = jax.config
+    if KEEP_COMPILED or not (c.jax_enable_compilation_cache and c.jax_compilation_cache_dir):
         return False
     if not jitted:
         jax.clear_caches()

@@ -68,6 +68,15 @@ if os.environ[_CACHE_ENV] not in ("", "0"):
     except ImportError:
         pass  # a torn read only warns and compiles again
 
+# With the cache on, simpar drops a run's set-up programs once they have run (``simpar run``
+# saves memory; a later call reloads them from the cache) and an LJ run empties all of JAX's
+# caches: every in-process run, and every module fixture after it, traced, lowered and loaded
+# its programs again. The tests keep them (JAX's caches are emptied after each module below);
+# tests/test_memory_release.py checks the drop itself (issue 29 item 7).
+import simpar.memory  # noqa: E402
+
+simpar.memory.KEEP_COMPILED = True
+
 N_DEVICES = 8
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -122,3 +122,39 @@ def test_lean_programs_compose_with_an_outer_jit():
     host_key = np.asarray(key)  # a constant of the outer program, not a tracer
     closed = jax.jit(lambda: lattice.maxwell_boltzmann(host_key, 200, 1.3))()
     np.testing.assert_allclose(np.asarray(closed), np.asarray(direct), rtol=1e-6, atol=1e-6)
+
+
+def test_set_up_programs_dropped_only_with_the_cache_on(monkeypatch, tmp_path):
+    """``drop_compiled_if_cached`` (``simpar run``'s set-up programs): with JAX's persistent
+    cache on it empties the given functions' compiled programs (all of JAX's caches when none
+    is given) and says so; with the cache off, or with ``KEEP_COMPILED`` (the test suite), it
+    keeps them and returns False."""
+    import jax
+    import numpy as np
+
+    f, g = jax.jit(lambda x: x * 2.0), jax.jit(lambda x: x + 3.0)
+    x = np.arange(4.0)
+
+    def compiled():
+        f(x), g(x)
+        return f._cache_size(), g._cache_size()
+
+    def drop(cache_on, *fns):  # the settings read, not the cache in use: nothing compiles here
+        was = jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir
+        jax.config.update("jax_enable_compilation_cache", cache_on)
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+        try:
+            return memory.drop_compiled_if_cached(*fns)
+        finally:
+            jax.config.update("jax_enable_compilation_cache", was[0])
+            jax.config.update("jax_compilation_cache_dir", was[1])
+
+    assert compiled() == (1, 1) and memory.KEEP_COMPILED  # the conftest sets it
+    assert drop(True, f) is False and compiled() == (1, 1)
+    monkeypatch.setattr(memory, "KEEP_COMPILED", False)
+    assert drop(False, f) is False and compiled() == (1, 1)
+    assert drop(True, f) is True
+    assert (f._cache_size(), g._cache_size()) == (0, 1)
+    compiled()
+    assert drop(True) is True  # every program: jax.clear_caches
+    assert (f._cache_size(), g._cache_size()) == (0, 0)

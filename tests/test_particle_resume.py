@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -21,6 +22,7 @@ from simpar.cli import main
 from simpar.config import dumps
 from simpar.io import checkpoint, h5md
 
+ROOT = Path(__file__).resolve().parents[1]
 TRAJ = "particles/trajectory"
 
 
@@ -123,10 +125,11 @@ def test_lj_sharded_resume_bitwise_and_on_single_to_round_off(tmp_path):
 
 
 def test_lj_resume_refuses_changed_config_and_missing_checkpoint(tmp_path, capsys):
+    # the small lj_melt run of tests/test_faults.py and others: its programs are compiled once
+    # per test session (JAX's persistent cache, conftest) and loaded here
     out = tmp_path / "x.h5md"
-    cfg = tmp_path / "x.toml"
-    cfg.write_text(dumps(lj_config(out, 20)))
-    args = ["run", str(cfg), "--quiet"]
+    args = ["run", str(ROOT / "experiments/lj_melt.toml"), "--out", str(out), "--quiet",
+            "--set", "system.cells=[4,4,4]", "--set", "output.every=5"]  # fmt: skip
     assert main([*args, "--resume"]) == 2
     assert "does not exist; nothing to resume" in capsys.readouterr().err
     assert main([*args, "--steps", "10"]) == 0
@@ -134,7 +137,7 @@ def test_lj_resume_refuses_changed_config_and_missing_checkpoint(tmp_path, capsy
     assert "only time.steps may change" in capsys.readouterr().err
     assert main([*args, "--resume", "--steps", "10"]) == 2
     assert "ask for more steps" in capsys.readouterr().err
-    assert h5md.n_frames(out) == 2  # untouched by the refusals
+    assert h5md.n_frames(out) == 3  # steps 0, 5, 10: untouched by the refusals
 
 
 def nbody_config(path, engine, devices):
