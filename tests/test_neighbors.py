@@ -84,6 +84,29 @@ def test_free_space_cell_lists_equal_brute_force(system):
     _check(one, spc, r, valid, ref)
 
 
+def test_host_sizing_equals_the_builds_needs(system):
+    """``cells.host_needs`` (NumPy, what ``neighbors.size_list`` sizes with) reports the
+    device build's ``needed`` exactly: periodic reach 2 and 1, free space, all pairs, float32;
+    ``size_list`` puts 1.2x head-room on them (rows rounded to 8, columns to 4)."""
+    r, valid, spc, ref = system
+    jbuild = jax.jit(neighbors.build, static_argnums=0)
+    spec = neighbors.size_list(spc, r, valid, cutoff=CUT, skin=SKIN)
+    assert spec.max_neighbors == -(-int(np.ceil(ref.shape[1] * 1.2)) // 8) * 8
+    one = dataclasses.replace(spec, reach=1, cells=tuple(max(c // 2, 1) for c in spec.cells),
+                              column_capacity=4 * spec.column_capacity)  # fmt: skip
+    free = space.free(BOX)
+    r32, spc32 = r.astype(np.float32), space.periodic(BOX, np.float32)
+    cases = [(spec, spc, r), (one, spc, r), (neighbors.size_list(free, r, valid, cutoff=CUT,
+             skin=SKIN), free, r), (neighbors.size_list(spc, r, valid, cutoff=CUT, skin=SKIN,
+             all_pairs=True), spc, r), (neighbors.size_list(spc32, r32, valid, cutoff=CUT,
+             skin=SKIN), spc32, r32)]  # fmt: skip
+    for sp, sc, x in cases:
+        nb = jbuild(sp, sc, jnp.asarray(x), valid)
+        assert int(nb.error) == 0
+        assert cells.host_needs(sp, sc, x, valid) == tuple(int(v) for v in nb.needed)
+    assert cells.host_needs(spec, spc, r, valid)[0] == ref.shape[1]
+
+
 @pytest.mark.slow
 def test_all_pairs_past_the_unrolled_words_and_id_order(system):
     """All pairs as candidates (1,500 slots: 47 words, unrolled) and 2,100 slots (66 words:

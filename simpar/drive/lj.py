@@ -194,6 +194,8 @@ class LJRun(Run):
         # the set-up's programs (lattice, keys, first list and forces) do not run again: their
         # executables go (in.lj: 10 MiB less peak) when JAX's cache would reload them
         drop_compiled_if_cached()
+        if not plan.decomposed and self.sim.placement is None:  # the time steps' compilation
+            self.sim.compile_chunks()  # (the peak) before the first frame's arrays, writer
         self.desc = self.cfg["name"]
         self._snap = None
 

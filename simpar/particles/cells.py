@@ -313,3 +313,84 @@ def split_words(n: int) -> tuple[int, int]:
     """(words, slots per word) covering ``n`` slots with at most 32 per word."""
     w = max(-(-n // 32), 1)
     return w, max(-(-n // w), 1)
+
+
+def host_needs(spec, space: Space, r: np.ndarray, valid: np.ndarray, entries: int = 1 << 16):
+    """What ``neighbors.build`` reports in ``needed`` for ``spec``, computed on the host with
+    NumPy: (most neighbours within ``spec.radius`` of a valid row, longest candidate column
+    of a valid row; 0 without cells). It lets ``neighbors.size_list`` size a list without
+    compiling and running a sizing build. The same formulas in the positions' dtype; a pair
+    at the radius to the last rounding may count differently, which only changes the
+    head-room (a too small list is reported and regrown, never dropped).
+
+    Args:
+      spec: a ``neighbors.NeighborSpec`` without ``rows``, ``wrap`` or ``images``.
+      space: the space; r: float[N, 3] positions (sigma); valid: bool[N] occupied slots.
+      entries: candidates per pass (bounds the temporaries: 0.5 MiB per float64 array).
+
+    Returns:
+      (int, int).
+    """
+    r, valid = np.asarray(r), np.asarray(valid, bool)
+    n, dt = r.shape[0], r.dtype
+    box = np.asarray(space.box).astype(dt)
+    rows = np.flatnonzero(valid)
+    if spec.cells is None:  # all pairs: every valid particle a candidate of every row
+        rs, own = r[rows], np.searchsorted(rows, np.arange(n))
+
+        def columns(i):
+            return np.zeros((i.size, 1), np.int64), np.full((i.size, 1), rows.size)
+
+        block = max(entries // max(rows.size, 1), 1)
+    else:
+        nx, ny, nz = spec.cells
+        k = spec.reach
+        nze = nz + 2 * k
+        ncell = nx * ny * nze
+        if spec.periodic:
+            frac = r / box
+            c = np.floor((frac - np.floor(frac)) * np.asarray(spec.cells, dt)).astype(np.int64)
+        else:
+            c = np.floor((r - np.asarray(spec.origin, dt)) / np.asarray(spec.width, dt))
+            c = c.astype(np.int64)
+        c = np.clip(c, 0, np.asarray(spec.cells) - 1)
+        cell = (c[:, 0] * ny + c[:, 1]) * nze + c[:, 2] + k
+        keys = [np.where(valid, cell, ncell)]
+        if spec.periodic:  # the z images of ``bin_cells``
+            keys += [np.where(valid & (c[:, 2] < k), cell + nz, ncell),
+                     np.where(valid & (c[:, 2] >= nz - k), cell - nz, ncell)]  # fmt: skip
+        key = np.concatenate(keys)
+        order = np.argsort(key, kind="stable")
+        own = np.empty(order.size, np.int64)
+        own[order] = np.arange(order.size)  # each copy's place in the sorted order
+        start = np.concatenate([[0], np.cumsum(np.bincount(key, minlength=ncell + 1))])
+        rs = r[order % n]
+        d = np.arange(-k, k + 1)
+        ox, oy = np.repeat(d, d.size)[None], np.tile(d, d.size)[None]
+
+        def columns(i):  # ``row_columns``: start and length of the rows' candidate columns
+            cx, cy = c[i, :1] + ox, c[i, 1:2] + oy
+            ok = True if spec.periodic else (cx >= 0) & (cx < nx) & (cy >= 0) & (cy < ny)
+            lo = ((cx % nx) * ny + cy % ny) * nze + c[i, 2:3]
+            return start[lo], np.where(ok, start[lo + 2 * k + 1] - start[lo], 0)
+
+        most_in_cell = max(int(np.diff(start)[:ncell].max(initial=1)), 1)  # not the sentinel
+        block = max(entries // (d.size**3 * most_in_cell), 1)
+    most = col = 0
+    rad2 = dt.type(spec.radius**2)
+    for b in range(0, rows.size, block):
+        i = rows[b : b + block]
+        s0, ln = columns(i)
+        col = max(col, int(ln.max(initial=0)))
+        span = np.arange(int(ln.max(initial=0)))
+        q = s0[..., None] + span  # (B, columns, entries) places in the sorted order
+        ok = (span < ln[..., None]) & (q != own[i][:, None, None])
+        q = np.where(ok, q, 0)
+        r2 = np.zeros(q.shape, dt)
+        for ax in range(3):  # ``neighbors.build``'s minimum image, one axis at a time
+            dx = r[i, ax][:, None, None] - rs[q, ax]
+            if space.periodic:
+                dx = dx - box[ax] * np.round(dx * (dt.type(1.0) / box[ax]))
+            r2 = r2 + dx * dx
+        most = max(most, int(np.max(np.sum(ok & (r2 < rad2), axis=(1, 2)), initial=0)))
+    return most, (0 if spec.cells is None else col)

@@ -312,14 +312,11 @@ class Simulation(Regrowing):
         steps = functools.partial(run_until_rebuild, self.ensemble, self.spec, self.space,
                                   self.pot, self.params, **kw)  # fmt: skip
         lean = lean_programs()
-        # copies (the programs donate them; the start stays for a redo, ``_advance``) committed
-        # to the device, as every program output is: one compiled signature
-        where = self.state.position.sharding
-        self._compile_once(n_steps, *jax.tree.map(  # for arrays as the calls' (committed)
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where),
-            (self.state, self.nbrs)))  # fmt: skip
+        # committed copies (the programs donate them; the start stays for a redo, ``_advance``)
+        self.compile_chunks(n_steps)
         keep = self.nbrs._replace(idx=None) if self.consume_list else self.nbrs
-        state, nbrs = jax.device_put((self.state, keep), where, may_alias=False)
+        state, nbrs = jax.device_put((self.state, keep), self.state.position.sharding,
+                                     may_alias=False)  # fmt: skip
         if self.consume_list:
             nbrs = nbrs._replace(idx=self.nbrs.idx)
         done, resume = 0, False
@@ -333,6 +330,12 @@ class Simulation(Regrowing):
         if int(nbrs.error):
             return state, nbrs
         return lean["energy"](self.space, self.pot, state, nbrs), nbrs
+
+    def compile_chunks(self, n_steps: int = 1) -> None:
+        """One device: compile the chunks' programs now (``simpar run``: before its frames)."""
+        where = self.state.position.sharding
+        sds = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where)  # noqa: E731
+        self._compile_once(n_steps, *jax.tree.map(sds, (self.state, self.nbrs)))
 
     def _compile_once(self, n_steps: int, state, nbrs) -> None:
         """Compile the chunk's programs (``lowered``) ahead of their first call, handing the
@@ -491,13 +494,15 @@ def make_simulation(space: Space, pot: PairPotential, position, velocity, *, mas
     n = position.shape[0]
     valid = np.ones(n, bool) if valid is None else valid
     # one lean program, not a dozen eager operations whose executables JAX would keep
-    state = lean_programs()["initial_state"](space, position, velocity, mass, valid, key, step)
-    spec, nbrs = neighbors.allocate(
+    lean = lean_programs()
+    state = lean["initial_state"](space, position, velocity, mass, valid, key, step)
+    spec = neighbors.size_list(  # on the host, then the chunks' own build program
         space, state.position, state.valid, cutoff=float(pot.cutoff), skin=skin,
         capacity_factor=capacity_factor, max_neighbors=max_neighbors,
         column_capacity=column_capacity, all_pairs=all_pairs,
         block=None if placement is None else n,  # sharded: one pass, as ``row_block``
     )  # fmt: skip
+    nbrs = lean["rebuild_list"](spec, space, state, neighbors.unbuilt(spec, state.position))
     params = make_params(dt, kt, gamma, dtype=dtype)
     if placement is not None:
         state, nbrs, space, pot, params = placement((state, nbrs, space, pot, params))
@@ -508,9 +513,8 @@ def make_simulation(space: Space, pot: PairPotential, position, velocity, *, mas
     sim = Simulation(ensemble, space, pot, params, spec, state, nbrs, capacity_factor, placement,
                      every=every, check=check)  # fmt: skip
     sim.nbrs = sim._repair(nbrs)
-    sim.state = lean_programs()["forces"](sim.spec, space, pot, state, sim.nbrs)
-    jax.block_until_ready(sim.state)
-    lean = lean_programs()  # set-up's programs, reloaded from JAX's cache when it is on
+    sim.state = lean["forces"](sim.spec, space, pot, state, sim.nbrs)
+    jax.block_until_ready(sim.state)  # set-up's programs, reloaded from JAX's cache when on:
     if not drop_compiled_if_cached(lean["initial_state"], lean["build"], lean["forces"]):
         release_free_memory()  # set-up's freed compiler memory (``simpar.memory``)
     return sim

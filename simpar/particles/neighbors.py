@@ -389,7 +389,7 @@ def _sharding(x):
     return getattr(x, "sharding", None)
 
 
-def allocate(
+def size_list(
     space: Space,
     r,
     valid=None,
@@ -401,8 +401,42 @@ def allocate(
     column_capacity: int | None = None,
     all_pairs: bool = False,
     block: int | None = None,
-) -> tuple[NeighborSpec, NeighborList]:
-    """Size and build a neighbour list for positions ``r`` (host side, not jittable).
+) -> NeighborSpec:
+    """The layout of a neighbour list for positions ``r``, measured on the host with NumPy
+    (``cells.host_needs``: no program compiled or run). Arguments as ``allocate``'s; the
+    capacities not given are the needs times ``capacity_factor``, rounded up (rows to 8,
+    columns to 4) so that similar systems share compiled code."""
+    if block is None:
+        block = BUILD_BLOCK_CPU if jax.default_backend() == "cpu" else 4096
+    r = np.asarray(r)
+    n = r.shape[0]
+    valid = np.ones(n, bool) if valid is None else np.asarray(valid, bool)
+    radius = float(cutoff) + float(skin)
+    cell_grid, reach, origin, width = _layout(space, r, valid, radius, all_pairs)
+    spec = NeighborSpec(n, 1, radius, float(skin), space.periodic, cell_grid, reach, 1,
+                        origin, width, int(block))  # fmt: skip
+    needs = cells.host_needs(spec, space, r, valid)
+    fitted = regrow(spec, NeighborList(None, None, None, np.asarray(needs), None),
+                    capacity_factor, shrink=True)  # fmt: skip
+    m = max_neighbors or fitted.max_neighbors
+    c = column_capacity or fitted.column_capacity
+    return dataclasses.replace(spec, max_neighbors=int(min(m, n)), column_capacity=int(c))
+
+
+def unbuilt(spec: NeighborSpec, like) -> NeighborList:
+    """A list of ``spec``'s shapes holding no pairs and no build, placed as ``like`` (float[N,
+    3] positions): what a first build is merged into (``merge``), by a program that donates
+    it (``md.lean_programs``' ``rebuild_list`` writes the list in its buffer)."""
+    rows, m = spec.rows or spec.capacity, spec.max_neighbors
+    host = NeighborList(np.full((rows, m), spec.capacity, np.int32),
+                        np.zeros((rows, 3), like.dtype), np.int32(0), np.zeros(2, np.int32),
+                        np.int32(0))  # fmt: skip
+    return jax.device_put(host, _sharding(like))
+
+
+def allocate(space: Space, r, valid=None, **kw) -> tuple[NeighborSpec, NeighborList]:
+    """Size (``size_list``, on the host) and build a neighbour list for positions ``r`` (host
+    side, not jittable).
 
     Args:
       space: the space.
@@ -418,53 +452,13 @@ def allocate(
         4,096 on accelerators (which want wide passes). The list does not depend on it.
 
     Returns:
-      (spec, nbrs): the static layout and a list built for ``r``.
+      (spec, nbrs): the static layout and a list built for ``r`` (check ``nbrs.error``
+      when capacities were given).
     """
-    if block is None:
-        block = BUILD_BLOCK_CPU if jax.default_backend() == "cpu" else 4096
-    r = jnp.asarray(r)
-    n = r.shape[0]
-    valid = np.ones(n, bool) if valid is None else valid
-    radius = float(cutoff) + float(skin)
-    cells, reach, origin, width = _layout(
-        space, np.asarray(r), np.asarray(valid), radius, all_pairs
-    )
-    nvalid = max(int(np.sum(np.asarray(valid))), 1)
-    box = np.asarray(space.box, np.float64)
-    density = nvalid / float(np.prod(box)) if space.periodic else 1.0
-    guess_m = max_neighbors or max(8, int(1.3 * density * 4.0 / 3.0 * math.pi * radius**3) + 8)
-    if cells is not None:
-        w = (radius / reach) if space.periodic else max(width)
-        guess_c = column_capacity or int(1.6 * density * (2 * reach + 1) * w**3) + 8
-    else:
-        guess_c = 0
-    spec = NeighborSpec(
-        n, int(min(guess_m, n)), radius, float(skin), space.periodic, cells, reach,
-        int(guess_c), origin, width, int(block),
-    )  # fmt: skip
-    jbuild = lean_build()
-    nbrs = jbuild(spec, space, r, valid)
-    overflow = lambda nb: int(np.asarray(nb.error)) != 0  # noqa: E731 (on the host)
-    if overflow(nbrs) and max_neighbors is None and column_capacity is None:
-        spec = regrow(spec, nbrs, capacity_factor)
-        nbrs = jbuild(spec, space, r, valid)
-    if overflow(nbrs):  # fixed capacities too small: the caller repairs
-        return spec, nbrs
-    # Final capacities: given ones kept, measured ones with head-room (rounded so that
-    # similar systems share compiled code). The list content does not depend on the
-    # column capacity, and rows are compacted, so only a slice / pad is needed.
-    fitted = regrow(spec, nbrs, capacity_factor, shrink=True)
-    m = max_neighbors or fitted.max_neighbors
-    c = column_capacity or fitted.column_capacity
-    spec = dataclasses.replace(spec, max_neighbors=int(m), column_capacity=int(c))
-    if nbrs.idx.shape[1] != m:  # on the host: no eager program kept compiled
-        idx = np.asarray(nbrs.idx)[:, :m]
-        idx = np.pad(idx, ((0, 0), (0, m - idx.shape[1])), constant_values=n)
-        nbrs = nbrs._replace(idx=jax.device_put(idx, _sharding(nbrs.idx)))
-    nbrs = jax.block_until_ready(nbrs)
-    # compiling and running the sizing builds frees ~60 MB on in.lj that the C heap would
-    # keep: hand it back so that the chunk's compilation does not stack on it
-    release_free_memory()
+    valid = np.ones(np.shape(r)[0], bool) if valid is None else valid
+    spec = size_list(space, r, valid, **kw)
+    nbrs = jax.block_until_ready(lean_build()(spec, space, jnp.asarray(r), valid))
+    release_free_memory()  # the build's freed compiler memory, which the C heap would keep
     return spec, nbrs
 
 
