@@ -117,7 +117,7 @@ def main(argv=None):
 
     # simpar single: one neighbour list over all atoms, the engines' force kernel
     valid = jnp.ones(r.shape[0], bool)
-    spec, _ = neighbors.allocate(spc, r, valid, cutoff=rc, skin=0.3, capacity_factor=1.5)
+    spec = neighbors.size_list(spc, r, valid, cutoff=rc, skin=0.3, capacity_factor=1.5)
     nb = neighbors.build(spec, spc, r, valid)
 
     def single_energy(th, x):

@@ -66,8 +66,8 @@ def pair_terms(space: Space, pot, positions, skin: float = 0.3) -> dict:
     """
     positions = jnp.asarray(positions)
     valid = jnp.ones(positions.shape[1], bool)
-    spec, _ = neighbors.allocate(space, positions[0], valid, cutoff=float(pot.cutoff),
-                                 skin=skin, capacity_factor=1.5)  # fmt: skip
+    spec = neighbors.size_list(space, positions[0], valid, cutoff=float(pot.cutoff),
+                               skin=skin, capacity_factor=1.5)  # fmt: skip
     out = _terms(spec, space, pot, positions, valid)
     error_codes.check(int(jnp.max(out.pop("error"))), 0, "reweight.pair_terms")
     return out
