@@ -363,11 +363,9 @@ class Simulation(Regrowing):
         if not lean:
             return {"steps": steps}
         lean = lean_programs()
-        return {
-            "steps": steps,
-            "rebuild_list": lean["rebuild_list"].lower(self.spec, self.space, state, nbrs),
-            "energy": lean["energy"].lower(self.space, self.pot, state, nbrs),
-        }
+        return {"steps": steps,
+                "rebuild_list": lean["rebuild_list"].lower(self.spec, self.space, state, nbrs),
+                "energy": lean["energy"].lower(self.space, self.pot, state, nbrs)}  # fmt: skip
 
     def _error(self, nbrs) -> int:
         return int(np.asarray(nbrs.error))
@@ -502,6 +500,8 @@ def make_simulation(space: Space, pot: PairPotential, position, velocity, *, mas
         column_capacity=column_capacity, all_pairs=all_pairs,
         block=None if placement is None else n,  # sharded: one pass, as ``row_block``
     )  # fmt: skip
+    if placement is None:  # committed as in the chunks: one rebuild_list program, not two
+        state = jax.device_put(state, state.position.sharding)
     nbrs = lean["rebuild_list"](spec, space, state, neighbors.unbuilt(spec, state.position))
     params = make_params(dt, kt, gamma, dtype=dtype)
     if placement is not None:
