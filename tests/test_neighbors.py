@@ -43,9 +43,30 @@ def system():
     return r, valid, space.periodic(BOX), _brute(r, valid, BOX)
 
 
+# one jitted build for the module: the tests below build the same layouts (the sized ones and
+# their reach-1 twins), each compiled once (issue 29 item 7: compilation is the tests' cost)
+_build = jax.jit(neighbors.build, static_argnums=0, static_argnames="id_bound")
+
+
+def _periodic_specs(r, valid):
+    """The sized layout (``size_list``: reach 2, 25 column words) and reach 1 with columns of
+    40 entries (9 columns of two words each)."""
+    spec = neighbors.size_list(space.periodic(BOX), r, valid, cutoff=CUT, skin=SKIN)
+    cells = tuple(int(c) for c in np.floor(BOX / (CUT + SKIN)))
+    return spec, dataclasses.replace(spec, cells=cells, reach=1, column_capacity=40, block=128)
+
+
+def _free_specs(r, valid):
+    """Free space: the sized layout (reach 2) and reach 1 on cells twice as wide."""
+    spec = neighbors.size_list(space.free(BOX), r, valid, cutoff=CUT, skin=SKIN)
+    one = dataclasses.replace(spec, reach=1, cells=tuple(max(c // 2, 1) for c in spec.cells),
+                              width=tuple(2 * w for w in spec.width),
+                              column_capacity=4 * spec.column_capacity)  # fmt: skip
+    return spec, one
+
+
 def _check(spec, spc, r, valid, ref, **kw):
-    build = jax.jit(neighbors.build, static_argnums=0, static_argnames="id_bound")
-    nb = build(spec, spc, jnp.asarray(r), valid, **kw)
+    nb = _build(spec, spc, jnp.asarray(r), valid, **kw)
     assert int(nb.error) == 0
     idx = np.asarray(nb.idx)
     m = ref.shape[1]
@@ -58,14 +79,9 @@ def test_cell_lists_equal_brute_force(system):
     """The sized layout (reach 2: 25 column words) and reach 1 with columns of 40 entries
     (9 columns of two words each) give the brute-force list exactly."""
     r, valid, spc, ref = system
-    rad = CUT + SKIN
-    spec = neighbors.NeighborSpec(
-        N, ref.shape[1] + 8, rad, SKIN, True, tuple(int(c) for c in np.floor(BOX * 2 / rad)),
-        2, 24, block=256,
-    )  # fmt: skip
+    spec, one = _periodic_specs(r, valid)
+    assert spec.reach == 2 and spec.cells == tuple(int(c) for c in np.floor(BOX * 2 / (CUT + SKIN)))
     _check(spec, spc, r, valid, ref)
-    cells = tuple(int(c) for c in np.floor(BOX / rad))
-    one = dataclasses.replace(spec, cells=cells, reach=1, column_capacity=40, block=128)
     _check(one, spc, r, valid, ref)
 
 
@@ -75,33 +91,27 @@ def test_free_space_cell_lists_equal_brute_force(system):
     r, valid, _, _ = system
     spc = space.free(BOX)
     ref = _brute(r, valid, None)
-    spec, nb = neighbors.allocate(spc, r, valid, cutoff=CUT, skin=SKIN)
+    spec, one = _free_specs(r, valid)
     assert spec.cells is not None and not spec.periodic
     _check(spec, spc, r, valid, ref)
-    one = dataclasses.replace(spec, reach=1, cells=tuple(max(c // 2, 1) for c in spec.cells),
-                              width=tuple(2 * w for w in spec.width),
-                              column_capacity=4 * spec.column_capacity)  # fmt: skip
     _check(one, spc, r, valid, ref)
 
 
 def test_host_sizing_equals_the_builds_needs(system):
     """``cells.host_needs`` (NumPy, what ``neighbors.size_list`` sizes with) reports the
-    device build's ``needed`` exactly: periodic reach 2 and 1, free space, all pairs, float32;
-    ``size_list`` puts 1.2x head-room on them (rows rounded to 8, columns to 4)."""
+    device build's ``needed`` exactly: periodic reach 2 and 1, free space reach 2 and 1, all
+    pairs, float32; ``size_list`` puts 1.2x head-room on them (rows rounded to 8, columns to
+    4). The cell layouts are the two tests' above (one compiled build each in this module)."""
     r, valid, spc, ref = system
-    jbuild = jax.jit(neighbors.build, static_argnums=0)
-    spec = neighbors.size_list(spc, r, valid, cutoff=CUT, skin=SKIN)
+    spec, one = _periodic_specs(r, valid)
     assert spec.max_neighbors == -(-int(np.ceil(ref.shape[1] * 1.2)) // 8) * 8
-    one = dataclasses.replace(spec, reach=1, cells=tuple(max(c // 2, 1) for c in spec.cells),
-                              column_capacity=4 * spec.column_capacity)  # fmt: skip
     free = space.free(BOX)
     r32, spc32 = r.astype(np.float32), space.periodic(BOX, np.float32)
-    cases = [(spec, spc, r), (one, spc, r), (neighbors.size_list(free, r, valid, cutoff=CUT,
-             skin=SKIN), free, r), (neighbors.size_list(spc, r, valid, cutoff=CUT, skin=SKIN,
-             all_pairs=True), spc, r), (neighbors.size_list(spc32, r32, valid, cutoff=CUT,
-             skin=SKIN), spc32, r32)]  # fmt: skip
+    cases = [(spec, spc, r), (one, spc, r), *((sp, free, r) for sp in _free_specs(r, valid)),
+             (neighbors.size_list(spc, r, valid, cutoff=CUT, skin=SKIN, all_pairs=True), spc, r),
+             (neighbors.size_list(spc32, r32, valid, cutoff=CUT, skin=SKIN), spc32, r32)]  # fmt: skip
     for sp, sc, x in cases:
-        nb = jbuild(sp, sc, jnp.asarray(x), valid)
+        nb = _build(sp, sc, jnp.asarray(x), valid)
         assert int(nb.error) == 0
         assert cells.host_needs(sp, sc, x, valid) == tuple(int(v) for v in nb.needed)
     assert cells.host_needs(spec, spc, r, valid)[0] == ref.shape[1]
@@ -129,19 +139,34 @@ def test_all_pairs_past_the_unrolled_words_and_id_order(system):
     np.testing.assert_array_equal(np.asarray(nb.idx)[:, : ref2.shape[1]], ref2)
 
 
+_SORT = jax.jit(cells.sort_rows, static_argnums=1)
+
+
+def _sort_random_rows(widths):
+    rng = np.random.default_rng(0)
+    for m, bound in widths:
+        x = rng.integers(0, (bound or 2**31 - 2) + 1, (37, m)).astype(np.int32)
+        out = _SORT(x, bound)
+        assert out.dtype == jnp.int32
+        np.testing.assert_array_equal(np.asarray(out), np.sort(x, 1))
+
+
 def test_sort_rows_network_sorts_every_row():
     """The bitonic network of the rows' sort (``cells.sort_rows``): every 0/1 row of up to
     12 entries (the 0-1 principle: a comparator network that sorts them sorts everything),
-    and random rows of the widths the lists use, int32 and the uint16 path (``bound``)."""
+    and random rows through each path: uint16 (``bound`` < 2**16) and int32 (a bound past it,
+    none), widths padded to a power of two and one that is one. The networks' compilation
+    grows with the width: the widths the lists use are the slow twin's (below); the builds
+    above sort their rows with it too, checked against the brute-force lists."""
     import itertools
 
-    sort = jax.jit(cells.sort_rows, static_argnums=1)
     for m in range(1, 13):
         x = np.array(list(itertools.product([0, 1], repeat=m)), np.int32)
-        np.testing.assert_array_equal(np.asarray(sort(x, None)), np.sort(x, 1))
-    rng = np.random.default_rng(0)
-    for m, bound in ((96, 32000), (104, 70000), (33, 5), (128, None)):
-        x = rng.integers(0, (bound or 2**31 - 2) + 1, (37, m)).astype(np.int32)
-        out = sort(x, bound)
-        assert out.dtype == jnp.int32
-        np.testing.assert_array_equal(np.asarray(out), np.sort(x, 1))
+        np.testing.assert_array_equal(np.asarray(_SORT(x, None)), np.sort(x, 1))
+    _sort_random_rows(((24, 32000), (20, 70000), (33, 5), (16, None)))
+
+
+@pytest.mark.slow
+def test_sort_rows_network_sorts_rows_of_the_lists_widths():
+    """Random rows of the widths the lists use, int32 and the uint16 path (``bound``)."""
+    _sort_random_rows(((96, 32000), (104, 70000), (33, 5), (128, None)))
